@@ -1,0 +1,153 @@
+"""Column contracts of every Parquet artifact, the one place each stage's output shape is defined.
+
+Stages write with ``echo.io.write_parquet(table, path, SCHEMA)``, which checks these columns
+(extra columns are allowed and kept). Paths follow DESIGN.md section 3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+RESULTS = Path("results")
+
+# --- trace: results/trace/{workload}/ ------------------------------------------------------
+# One row per recorded op of one traced (representative) rank. The traced step is one forward
+# and one backward of one micro-batch per chunk plus the optimizer step; the schedule composes.
+OPS = pa.schema([
+    ("rank", pa.int32()),        # global rank of the representative that ran the op
+    ("seq", pa.int32()),         # order of the op within that rank's trace
+    ("name", pa.string()),       # aten overload, e.g. aten.mm.default, or c10d op name
+    ("op_class", pa.string()),   # gemm | attention | elementwise | norm | softmax | embedding |
+                                 # cross_entropy | optimizer | copy | reduction | collective | p2p | other
+    ("kind", pa.string()),       # compute | collective | p2p | memcpy
+    ("phase", pa.string()),      # forward | backward | recompute | grad_sync | optimizer
+                                 # (grad_sync: the data-parallel gradient reduction after the last
+                                 # micro-batch's backward; optimizer: the step and any param all-gather)
+    ("chunk", pa.int32()),       # virtual stage index on this pipeline rank
+    ("microbatch", pa.int32()),  # -1: a per-micro-batch template the schedule repeats
+    ("stream", pa.string()),     # compute | comm | p2p
+    ("shapes", pa.string()),     # JSON list of input tensor shapes
+    ("args", pa.string()),       # JSON of the call: tensors as {"T": shape, "dt": dtype}, scalars as is;
+                                 # enough for the profile stage to rebuild and time the kernel
+    ("dtype", pa.string()),      # dtype of the first tensor input (torch name, e.g. bfloat16)
+    ("flops", pa.float64()),     # matmul-class FLOPs (GEMM, attention); 0 for the rest
+    ("bytes", pa.float64()),     # bytes read + written by the op
+    ("kernel_key", pa.string()), # op + shapes + dtype + flags: the unit the profile stage times
+    ("comm_id", pa.int32()),     # row in comms.parquet for collectives/p2p, else -1
+])
+
+# One row per collective or p2p transfer of one traced rank.
+COMMS = pa.schema([
+    ("rank", pa.int32()),
+    ("comm_id", pa.int32()),
+    ("seq", pa.int32()),          # the op's seq in ops.parquet
+    ("op", pa.string()),          # all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | send | recv
+    ("group", pa.list_(pa.int32())),  # global ranks of the group (for p2p: [self, peer])
+    ("group_size", pa.int32()),
+    ("group_kind", pa.string()),  # tp | dp | pp | cp | ep | world
+    ("bytes", pa.int64()),        # message size as nccl-tests counts it: all_reduce = buffer,
+                                  # all_gather = whole output, reduce_scatter = whole input, p2p = tensor
+    ("peer", pa.int32()),         # p2p peer's global rank, -1 for collectives
+    ("dtype", pa.string()),
+    ("phase", pa.string()),
+    ("chunk", pa.int32()),
+    ("blocking", pa.bool_()),     # the compute stream waits for it right away (e.g. TP all-reduce)
+])
+
+# Dependencies between ops of one rank (by seq).
+DEPS = pa.schema([
+    ("rank", pa.int32()),
+    ("src", pa.int32()),
+    ("dst", pa.int32()),
+    ("kind", pa.string()),        # data | stream | wait
+])
+
+# One row per traced rank: its role, mesh coordinates and memory model.
+TRACED_RANKS = pa.schema([
+    ("rank", pa.int32()),
+    ("role", pa.string()),        # e.g. "pp3": what makes this rank's graph distinct
+    ("pp_rank", pa.int32()),
+    ("tp_rank", pa.int32()),
+    ("dp_rank", pa.int32()),
+    ("cp_rank", pa.int32()),
+    ("graph_hash", pa.string()),  # canonical hash, independent of absolute rank ids
+    ("param_bytes", pa.int64()),  # per-rank model parameters (compute dtype)
+    ("grad_bytes", pa.int64()),
+    ("optimizer_bytes", pa.int64()),       # master weights + moments held by this rank
+    ("activation_bytes_per_microbatch", pa.int64()),  # saved for backward by one micro-batch
+    ("trace_wall_s", pa.float64()),
+])
+
+# --- dedup: results/dedup/{workload}/rank_classes.parquet ----------------------------------
+RANK_CLASSES = pa.schema([
+    ("rank", pa.int32()),
+    ("class_id", pa.int32()),
+    ("representative", pa.int32()),  # traced rank whose graph this rank shares
+    ("graph_hash", pa.string()),
+    ("pp_rank", pa.int32()),
+    ("tp_rank", pa.int32()),
+    ("dp_rank", pa.int32()),
+    ("cp_rank", pa.int32()),
+    ("node", pa.int32()),            # filled by simulate's placement; -1 here
+])
+
+# --- profile: results/profile/{workload}/{hardware}/kernels.parquet ------------------------
+KERNELS = pa.schema([
+    ("kernel_key", pa.string()),
+    ("name", pa.string()),
+    ("op_class", pa.string()),
+    ("shapes", pa.string()),
+    ("dtype", pa.string()),
+    ("flops", pa.float64()),
+    ("bytes", pa.float64()),
+    ("duration_us", pa.float64()),
+    ("achieved_tflops", pa.float64()),
+    ("achieved_GBps", pa.float64()),
+    ("source", pa.string()),          # measured | model | imported
+    ("count", pa.int64()),            # occurrences across the traced ranks
+])
+
+# --- calibrate: results/calibrate/{topology}/collectives.parquet ---------------------------
+COLLECTIVES = pa.schema([
+    ("op", pa.string()),
+    ("gpus", pa.int32()),
+    ("nodes", pa.int32()),
+    ("bytes", pa.int64()),
+    ("time_us", pa.float64()),
+    ("algbw_GBps", pa.float64()),
+    ("busbw_GBps", pa.float64()),
+    ("algorithm", pa.string()),       # ring | tree | nvls | direct | p2p
+    ("source", pa.string()),          # model (nominal figures) | fitted | measured
+    ("measured_time_us", pa.float64()),  # where a measurement exists at this point, else null
+])
+
+# --- simulate: results/simulate/{workload}/{hardware}/{topology}/ --------------------------
+SUMMARY = pa.schema([
+    ("workload", pa.string()),
+    ("hardware", pa.string()),
+    ("topology", pa.string()),
+    ("world_size", pa.int64()),
+    ("step_time_s", pa.float64()),
+    ("compute_s", pa.float64()),
+    ("exposed_comm_s", pa.float64()),
+    ("bubble_s", pa.float64()),
+    ("tokens_per_s", pa.float64()),
+    ("tflops_per_gpu", pa.float64()),
+    ("mfu", pa.float64()),
+    ("peak_mem_gib", pa.float64()),
+    ("sim_wall_s", pa.float64()),
+])
+
+TIMELINE = pa.schema([
+    ("class_id", pa.int32()),
+    ("pp_rank", pa.int32()),
+    ("stream", pa.string()),
+    ("name", pa.string()),
+    ("kind", pa.string()),        # forward | backward | optimizer | send | recv | collective
+    ("microbatch", pa.int32()),
+    ("chunk", pa.int32()),
+    ("start_s", pa.float64()),
+    ("end_s", pa.float64()),
+])

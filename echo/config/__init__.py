@@ -1,0 +1,20 @@
+"""Typed, validated configuration: workloads, hardware and topologies (see DESIGN.md section 3)."""
+
+from echo.config.hardware import Hardware
+from echo.config.loader import (
+    CONFIG_ROOT,
+    config_path,
+    load_hardware,
+    load_topology,
+    load_workload,
+    parse_hardware,
+    parse_topology,
+    parse_workload,
+)
+from echo.config.topology import Topology
+from echo.config.workload import Workload
+
+__all__ = [
+    "CONFIG_ROOT", "Hardware", "Topology", "Workload", "config_path", "load_hardware",
+    "load_topology", "load_workload", "parse_hardware", "parse_topology", "parse_workload",
+]

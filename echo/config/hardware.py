@@ -1,0 +1,43 @@
+"""A GPU (or the local CPU): its peaks and the few efficiency parameters the compute model needs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class PeakTflops(BaseModel):
+    """Dense peak throughput per dtype, TFLOP/s."""
+
+    model_config = _STRICT
+    bf16: PositiveFloat
+    fp16: PositiveFloat
+    fp32: PositiveFloat
+    tf32: PositiveFloat | None = None
+
+
+class ComputeModel(BaseModel):
+    """Efficiency parameters of the roofline compute model, with where they came from."""
+
+    model_config = _STRICT
+    matmul_efficiency: float = Field(gt=0, le=1, description="best achievable fraction of peak for large GEMMs")
+    hbm_efficiency: float = Field(gt=0, le=1, description="achievable fraction of hbm_GBps for streaming kernels")
+    kernel_launch_us: float = Field(ge=0, description="fixed per-kernel floor (launch + tail), microseconds")
+    sm_count: PositiveInt = Field(description="streaming multiprocessors, for wave quantization")
+    source: str = Field("", description="provenance of these figures")
+
+
+class Hardware(BaseModel):
+    """config/hardware/{name}.yaml"""
+
+    model_config = _STRICT
+    name: str
+    kind: Literal["gpu", "cpu"] = Field(description="cpu means the local device: kernels are measured, not modelled")
+    description: str = ""
+    peak_tflops: PeakTflops
+    memory_gib: PositiveFloat
+    hbm_GBps: PositiveFloat
+    compute_model: ComputeModel

@@ -1,0 +1,104 @@
+"""Read config files and turn every problem into a ConfigError naming the file, key and reason."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from echo.config.hardware import Hardware
+from echo.config.topology import Topology
+from echo.config.workload import Workload
+from echo.errors import ConfigError
+
+CONFIG_ROOT = Path(__file__).resolve().parents[2] / "config"
+_KINDS = {"workload": "workloads", "hardware": "hardware", "topology": "topologies"}
+M = TypeVar("M", bound=BaseModel)
+
+
+def config_path(kind: str, name: str, root: Path | None = None) -> Path:
+    """The file of a named config; unknown names are refused with the names that exist."""
+    folder = (root or CONFIG_ROOT) / _KINDS[kind]
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise ConfigError(path, kind, f"unknown {kind} '{name}'; known: {', '.join(known) or 'none'}")
+    return path
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, "-", f"not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(path, "-", "expected a mapping at the top level")
+    return data
+
+
+def _validate(model: type[M], data: dict, path: Path) -> M:
+    data = {"name": path.stem, **data}
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "-"
+        reason = err["msg"]
+        if err["type"] == "extra_forbidden":
+            reason = _unknown_key_reason(model, err["loc"])
+        elif "input" in err and err["type"] != "missing":
+            reason = f"{reason} (got {err['input']!r}; units are in the key names)"
+        raise ConfigError(path, key, reason) from None
+
+
+def _unknown_key_reason(model: type[BaseModel], loc: tuple) -> str:
+    fields = model.model_fields
+    for part in loc[:-1]:
+        ann = fields[part].annotation if part in fields else None
+        fields = getattr(ann, "model_fields", {})
+    close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'? (units are in the key names)" if close else ""
+    return f"unknown key{hint}; allowed: {', '.join(fields)}"
+
+
+def parse_workload(data: dict, path: Path) -> Workload:
+    workload = _validate(Workload, data, path)
+    problems = workload.contradictions()
+    if problems:
+        key, reason = problems[0]
+        raise ConfigError(path, key, reason)
+    return workload
+
+
+def parse_hardware(data: dict, path: Path) -> Hardware:
+    return _validate(Hardware, data, path)
+
+
+def parse_topology(data: dict, path: Path) -> Topology:
+    return _validate(Topology, data, path)
+
+
+def load_workload(name: str, root: Path | None = None) -> Workload:
+    path = config_path("workload", name, root)
+    return parse_workload(_read_yaml(path), path)
+
+
+def load_hardware(name: str, root: Path | None = None) -> Hardware:
+    path = config_path("hardware", name, root)
+    return parse_hardware(_read_yaml(path), path)
+
+
+def load_topology(name: str, root: Path | None = None) -> Topology:
+    path = config_path("topology", name, root)
+    return parse_topology(_read_yaml(path), path)
+
+
+def check_placement(workload: Workload, topology: Topology, topology_path: Path | str) -> None:
+    """A job larger than a node must fill whole nodes."""
+    n, g = workload.world_size, topology.gpus_per_node
+    if n > g and n % g:
+        raise ConfigError(topology_path, "gpus_per_node",
+                          f"world size {n} of workload '{workload.name}' is above {g} and not a multiple of it")

@@ -1,0 +1,120 @@
+"""A training job: the model, how it is parallelized, and how it is trained."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ModelConfig(BaseModel):
+    """The transformer's shape."""
+
+    model_config = _STRICT
+    arch: Literal["gpt", "llama"] = Field(description="gpt: learned positions, GELU, LayerNorm; llama: RoPE, SwiGLU, RMSNorm, GQA")
+    layers: PositiveInt = Field(description="transformer layers")
+    hidden: PositiveInt = Field(description="model width h")
+    heads: PositiveInt = Field(description="attention heads")
+    kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); default = heads")
+    ffn_hidden: PositiveInt | None = Field(None, description="MLP width; default 4*hidden for gpt")
+    vocab: PositiveInt = Field(description="vocabulary size")
+    seq_len: PositiveInt = Field(description="tokens per sequence")
+    experts: int = Field(0, ge=0, description="> 0 makes the MLP a mixture of experts")
+    top_k: int = Field(0, ge=0, description="experts each token is routed to")
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+class ParallelConfig(BaseModel):
+    """How the job is split over ranks; world size = tp * pp * dp * cp."""
+
+    model_config = _STRICT
+    tp: PositiveInt = Field(1, description="tensor-parallel degree")
+    pp: PositiveInt = Field(1, description="pipeline-parallel degree")
+    dp: PositiveInt = Field(1, description="data-parallel degree")
+    cp: PositiveInt = Field(1, description="context-parallel degree")
+    ep: PositiveInt = Field(1, description="expert-parallel degree (within dp * cp)")
+    sequence_parallel: bool = Field(False, description="shard norms/dropout over tp (all-gather/reduce-scatter instead of all-reduce)")
+    zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="pipeline schedule")
+    virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+class TrainingConfig(BaseModel):
+    """One optimizer iteration's batch and numerics."""
+
+    model_config = _STRICT
+    global_batch: PositiveInt = Field(description="sequences per iteration")
+    micro_batch: PositiveInt = Field(1, description="sequences per micro-batch")
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="compute dtype")
+    recompute: Literal["none", "selective", "full"] = Field("none", description="activation recomputation")
+
+
+class Workload(BaseModel):
+    """A whole workload file (config/workloads/{name}.yaml)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(description="the file's stem")
+    model: ModelConfig
+    parallel: ParallelConfig
+    training: TrainingConfig
+    description: str = Field("", description="free text")
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each pipeline runs per iteration."""
+        t, p = self.training, self.parallel
+        return t.global_batch // (t.micro_batch * p.dp)
+
+    def contradictions(self) -> list[tuple[str, str]]:
+        """(key, reason) for every pair of numbers that cannot both hold."""
+        m, p, t = self.model, self.parallel, self.training
+        out: list[tuple[str, str]] = []
+
+        def need(ok: bool, key: str, reason: str) -> None:
+            if not ok:
+                out.append((key, reason))
+
+        need(m.hidden % m.heads == 0, "model.hidden", f"hidden {m.hidden} is not divisible by heads {m.heads}")
+        need(m.heads % p.tp == 0, "parallel.tp", f"heads {m.heads} is not divisible by tp {p.tp}")
+        need(m.kv % p.tp == 0 or p.tp % m.kv == 0, "model.kv_heads", f"kv_heads {m.kv} and tp {p.tp} do not divide one another")
+        need(m.heads % m.kv == 0, "model.kv_heads", f"heads {m.heads} is not divisible by kv_heads {m.kv}")
+        need(m.ffn % p.tp == 0, "model.ffn_hidden", f"ffn_hidden {m.ffn} is not divisible by tp {p.tp}")
+        need(m.vocab % p.tp == 0, "model.vocab", f"vocab {m.vocab} is not divisible by tp {p.tp}")
+        chunks = p.pp * p.virtual_stages
+        need(m.layers % chunks == 0, "model.layers", f"layers {m.layers} are not divisible by pp x virtual_stages = {chunks}")
+        need(t.global_batch % (t.micro_batch * p.dp) == 0, "training.global_batch",
+             f"global_batch {t.global_batch} is not divisible by micro_batch x dp = {t.micro_batch * p.dp}")
+        need(m.seq_len % (p.cp * (2 if p.cp > 1 else 1)) == 0, "parallel.cp", f"seq_len {m.seq_len} cannot be split into 2 x cp = {2 * p.cp} chunks")
+        need(not p.sequence_parallel or m.seq_len % p.tp == 0, "parallel.sequence_parallel",
+             f"seq_len {m.seq_len} is not divisible by tp {p.tp}")
+        need((m.experts == 0) == (m.top_k == 0), "model.top_k", "experts and top_k must both be 0 or both be > 0")
+        need(m.top_k <= m.experts, "model.top_k", f"top_k {m.top_k} exceeds experts {m.experts}")
+        need(p.ep == 1 or (m.experts > 0 and m.experts % p.ep == 0), "parallel.ep", f"ep {p.ep} needs experts divisible by it (experts = {m.experts})")
+        need(p.ep == 1 or (p.dp * p.cp) % p.ep == 0, "parallel.ep", f"ep {p.ep} must divide dp x cp = {p.dp * p.cp}")
+        need(p.schedule == "interleaved" or p.virtual_stages == 1, "parallel.virtual_stages",
+             f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved")
+        need(p.schedule != "interleaved" or p.pp > 1, "parallel.schedule", "interleaved needs pp > 1")
+        need(p.schedule != "interleaved" or self.micro_batches % p.pp == 0, "training.global_batch",
+             f"interleaved needs micro-batches ({self.micro_batches}) divisible by pp {p.pp}")
+        return out
