@@ -75,6 +75,7 @@ class Workload(BaseModel):
     parallel: ParallelConfig
     training: TrainingConfig
     description: str = Field("", description="free text")
+    verify: int = Field(1, ge=0, description="extra ranks dedup traces to confirm they hash like their class")
 
     @property
     def world_size(self) -> int:

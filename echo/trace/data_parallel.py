@@ -1,0 +1,101 @@
+"""Data-parallel gradient reduction and the optimizer step, as Megatron-LM's DDP and distributed
+optimizer run them.
+
+Gradients live in flat fp32 buckets (Megatron accumulates bf16 gradients in fp32, and buckets
+them so reduction overlaps backward): ZeRO 0 all-reduces each bucket; ZeRO 1 and 2 reduce-scatter
+it, update the local 1/dp shard with fused AdamW on fp32 master weights, then all-gather the
+updated parameters in the compute dtype. Buffer building runs muted: on a GPU the gradients are
+written into the buckets in place, so there is no copy kernel to record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from echo.trace.recorder import Recorder
+
+BUCKET_ELEMENTS = 40_000_000  # Megatron-LM's default DDP bucket size (elements)
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Bytes one rank holds for its parameters, gradients and optimizer state."""
+
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+
+def local_params(modules: list[nn.Module]) -> list[torch.Tensor]:
+    """Parameters as this rank stores them (local shards of DTensors)."""
+    out = []
+    for m in modules:
+        for p in m.parameters():
+            out.append(p.to_local() if isinstance(p, DTensor) else p)
+    return out
+
+
+def local_grads(modules: list[nn.Module]) -> list[torch.Tensor]:
+    out = []
+    for m in modules:
+        for p in m.parameters():
+            g = p.grad
+            out.append(g.to_local() if isinstance(g, DTensor) else g)
+    return out
+
+
+def buckets(numels: list[int], dp: int) -> list[int]:
+    """Bucket sizes in elements, filled in backward order (last parameters' gradients are ready
+    first), each padded to a multiple of dp so it splits evenly into shards."""
+    limit = max(BUCKET_ELEMENTS, 1_000_000 * dp)
+    sizes, current = [], 0
+    for n in reversed(numels):
+        current += n
+        if current >= limit:
+            sizes.append(current)
+            current = 0
+    if current:
+        sizes.append(current)
+    return [-(-s // dp) * dp for s in sizes]
+
+
+def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int) -> MemoryModel:
+    """Megatron's accounting: compute-dtype params, fp32 grads, fp32 Adam moments (+ fp32 master
+    weights when params are not fp32); ZeRO 1 shards optimizer state over dp, ZeRO 2 gradients too."""
+    pbytes = torch.empty((), dtype=param_dtype).element_size()
+    master = 4 if pbytes != 4 else 0
+    grad = 4 * numel // (dp if zero >= 2 else 1)
+    optim = (master + 8) * numel // (dp if zero >= 1 else 1)
+    return MemoryModel(param_bytes=pbytes * numel, grad_bytes=grad, optimizer_bytes=optim)
+
+
+def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], dp_group, dp: int, zero: int,
+                       param_dtype: torch.dtype) -> None:
+    """Record the gradient reduction (phase grad_sync) and the optimizer step (phase optimizer)."""
+    numels = [p.numel() for p in local_params(modules)]
+    sizes = buckets(numels, dp)
+    shards = [s // dp if zero >= 1 else s for s in sizes]
+    with rec.muted():
+        grads = [torch.empty(s, dtype=torch.float32) for s in sizes]
+    with rec.phase("grad_sync", blocking=False, stream="comm"):
+        for g in grads:
+            if dp > 1 and zero == 0:
+                funcol.wait_tensor(funcol.all_reduce(g, "sum", dp_group))
+            elif dp > 1:
+                funcol.wait_tensor(funcol.reduce_scatter_tensor(g, "sum", 0, dp_group))
+    with rec.muted():
+        state = [[torch.zeros(n, dtype=torch.float32) for _ in range(4)] for n in shards]
+        steps = [torch.zeros((), dtype=torch.float32) for _ in shards]
+    with rec.phase("optimizer"):
+        params, grad_shards, m, v = (list(x) for x in zip(*state, strict=True))
+        torch._fused_adamw_(params, grad_shards, m, v, [], steps, lr=1e-4, beta1=0.9, beta2=0.95,
+                            weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
+        for p in params:
+            half = p.to(param_dtype) if param_dtype != torch.float32 else p
+            if dp > 1 and zero >= 1:
+                funcol.wait_tensor(funcol.all_gather_tensor(half, 0, dp_group))

@@ -1,0 +1,82 @@
+"""Where each rank sits in the parallel mesh, and the process groups it belongs to.
+
+Rank order follows Megatron-LM: tensor-parallel ranks are adjacent (so a TP group shares a
+node's NVLink), then context, then data, then pipeline outermost:
+    rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo.config.workload import ParallelConfig
+
+MESH_DIMS = ("pp", "dp", "cp", "tp")  # outermost first
+
+
+@dataclass(frozen=True)
+class Coords:
+    """A rank's position in the mesh."""
+
+    pp: int
+    dp: int
+    cp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The job's mesh: rank <-> coordinates, and each rank's groups."""
+
+    parallel: ParallelConfig
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        p = self.parallel
+        return {"pp": p.pp, "dp": p.dp, "cp": p.cp, "tp": p.tp}
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    def rank(self, c: Coords) -> int:
+        s = self.sizes
+        return c.tp + s["tp"] * (c.cp + s["cp"] * (c.dp + s["dp"] * c.pp))
+
+    def coords(self, rank: int) -> Coords:
+        s = self.sizes
+        tp, rest = rank % s["tp"], rank // s["tp"]
+        cp, rest = rest % s["cp"], rest // s["cp"]
+        dp, pp = rest % s["dp"], rest // s["dp"]
+        return Coords(pp=pp, dp=dp, cp=cp, tp=tp)
+
+    def group(self, rank: int, dim: str) -> list[int]:
+        """Global ranks of ``rank``'s group along mesh dimension ``dim`` (tp, cp, dp or pp)."""
+        c = self.coords(rank)
+        return [self.rank(Coords(**{**c.__dict__, dim: i})) for i in range(self.sizes[dim])]
+
+    def all_groups(self, dim: str) -> list[list[int]]:
+        """Every group along ``dim``, each once, in order of its first rank."""
+        seen: dict[int, list[int]] = {}
+        for r in range(self.world_size):
+            g = self.group(r, dim)
+            seen.setdefault(g[0], g)
+        return list(seen.values())
+
+    def stage_peer(self, rank: int, step: int) -> int | None:
+        """The rank ``step`` pipeline stages away (same tp/cp/dp coordinates), or None."""
+        c = self.coords(rank)
+        pp = c.pp + step
+        if not 0 <= pp < self.sizes["pp"]:
+            return None
+        return self.rank(Coords(pp=pp, dp=c.dp, cp=c.cp, tp=c.tp))
+
+    def representatives(self) -> dict[str, int]:
+        """One traced rank per role: ranks of a role differ only in which group peers they have.
+
+        Roles today are pipeline stages; the first and last stage carry embedding and loss.
+        """
+        return {f"pp{s}": self.rank(Coords(pp=s, dp=0, cp=0, tp=0)) for s in range(self.sizes["pp"])}
+
+    def role_of(self, rank: int) -> str:
+        return f"pp{self.coords(rank).pp}"

@@ -1,0 +1,78 @@
+"""The GPT reference model (learned positions, GELU MLP, LayerNorm), built one pipeline chunk at a time.
+
+Plain PyTorch modules; tensor parallelism is applied afterwards with PyTorch's own DTensor
+plans (see tensor_parallel.py), so the attention code works on whatever heads are local.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from echo.config.workload import ModelConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1: the local head count, hidden/heads/tp once qkv is column-parallel
+        q, k, v = self.qkv(x).view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn)
+        self.fc2 = nn.Linear(cfg.ffn, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPTChunk(nn.Module):
+    """Layers [first_layer, first_layer + n_layers) of the model, with the embedding on the first
+    chunk and the final norm + LM head on the last. Input: token ids (first chunk) or the previous
+    chunk's hidden states; output: hidden states, or logits on the last chunk."""
+
+    def __init__(self, cfg: ModelConfig, n_layers: int, *, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.tok_emb = nn.Embedding(cfg.vocab, cfg.hidden)
+            self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(n_layers))
+        if last:
+            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.tok_emb(x) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        if self.last:
+            x = self.head(self.ln_f(x))
+        return x

@@ -1,0 +1,134 @@
+"""What an aten op is: its class, FLOPs (matmul-class only), bytes moved, and a JSON of its call.
+
+FLOPs follow the model-FLOPs convention MFU uses (Megatron-LM, Narayanan et al. 2021): a GEMM
+costs 2*M*N*K, attention 4*b*h*s_q*s_k*d forward (QK^T and PV, causal masking not halved) and
+twice that backward. Everything else is memory-bound and costed by its bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import torch
+
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
+_CLASS_BY_NAME = {
+    "native_layer_norm": "norm", "native_layer_norm_backward": "norm", "_fused_rms_norm": "norm",
+    "_fused_rms_norm_backward": "norm", "_softmax": "softmax", "_softmax_backward_data": "softmax",
+    "_log_softmax": "softmax", "_log_softmax_backward_data": "softmax",
+    "nll_loss_forward": "cross_entropy", "nll_loss_backward": "cross_entropy",
+    "embedding": "embedding", "embedding_dense_backward": "embedding",
+    "_to_copy": "copy", "copy_": "copy", "clone": "copy", "cat": "copy", "stack": "copy",
+    "_fused_adamw_": "optimizer", "_fused_adam_": "optimizer",
+    "sum": "reduction", "mean": "reduction", "amax": "reduction", "max": "reduction",
+}
+# Ops that launch no kernel: views, aliases, allocation, metadata. They are not recorded.
+_FREE = {
+    "detach", "view", "_unsafe_view", "t", "transpose", "permute", "expand", "as_strided", "alias",
+    "unsqueeze", "squeeze", "slice", "select", "split", "split_with_sizes", "unbind", "reshape",
+    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "lift_fresh",
+    "_reshape_alias", "view_as", "chunk", "narrow", "device", "size", "stride", "sym_size",
+    "is_same_size", "_has_compatible_shallow_copy_type", "set_", "resize_", "contiguous",
+}
+
+
+def base_name(func) -> str:
+    """aten.mm.default -> mm"""
+    return func._schema.name.split("::")[-1]
+
+
+def is_free(func) -> bool:
+    name = base_name(func)
+    return name in _FREE or getattr(func, "is_view", False)
+
+
+def op_class(func) -> str:
+    name = base_name(func)
+    if name in _GEMM:
+        return "gemm"
+    if "attention" in name:
+        return "attention"
+    if name in _CLASS_BY_NAME:
+        return _CLASS_BY_NAME[name]
+    if name.startswith("_foreach_"):
+        return "optimizer"
+    if torch.Tag.pointwise in getattr(func, "tags", ()):
+        return "elementwise"
+    return "other"
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for x in obj if isinstance(obj, (list, tuple)) else [obj]:
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            out.extend(_tensors(x))
+    return out
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def moved_bytes(args, kwargs, out) -> float:
+    """Bytes read (tensor inputs) plus bytes written (tensor outputs)."""
+    ins = _tensors(list(args) + list(kwargs.values()))
+    return float(sum(tensor_bytes(t) for t in ins) + sum(tensor_bytes(t) for t in _tensors(out)))
+
+
+def matmul_flops(func, args) -> float:
+    """FLOPs of GEMM and attention ops; 0 for everything else."""
+    name = base_name(func)
+    if name in ("mm", "_scaled_mm"):
+        (m, k), n = args[0].shape, args[1].shape[-1]
+        return 2.0 * m * n * k
+    if name == "addmm":
+        (m, k), n = args[1].shape, args[2].shape[-1]
+        return 2.0 * m * n * k
+    if name in ("bmm", "baddbmm"):
+        a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
+        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    if "attention" in name:
+        q, k = args[0], args[1]
+        if "backward" in name:
+            # backward ops take grad_out first: (grad_out, q, k, v, ...)
+            q, k = args[1], args[2]
+        b, h, s_q, d = q.shape
+        fwd = 4.0 * b * h * s_q * k.shape[-2] * d
+        return 2.0 * fwd if "backward" in name else fwd
+    return 0.0
+
+
+def encode_args(args, kwargs) -> str:
+    """The call as JSON: tensors as {"T": shape, "dt": dtype}, enough to rebuild and time it."""
+    return json.dumps({"args": [_encode(a) for a in args], "kwargs": {k: _encode(v) for k, v in kwargs.items()}},
+                      separators=(",", ":"))
+
+
+def _encode(x):
+    if isinstance(x, torch.Tensor):
+        return {"T": list(x.shape), "dt": str(x.dtype).removeprefix("torch.")}
+    if isinstance(x, (list, tuple)):
+        return [_encode(v) for v in x]
+    if isinstance(x, bool | int | str) or x is None:
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else str(x)
+    return {"S": str(x)}
+
+
+def kernel_key(name: str, args_json: str) -> str:
+    """Stable id of (op, shapes, dtype, flags)."""
+    return hashlib.sha1(f"{name}|{args_json}".encode()).hexdigest()[:16]
+
+
+def shapes_of(args) -> str:
+    return json.dumps([list(t.shape) for t in _tensors(list(args))], separators=(",", ":"))
+
+
+def dtype_of(args) -> str:
+    ts = _tensors(list(args))
+    return str(ts[0].dtype).removeprefix("torch.") if ts else ""

@@ -1,0 +1,191 @@
+"""Record every kernel-launching op of one rank's training step under fake tensors.
+
+The recorder is a FakeTensorMode (so it also sees higher-order ops, TRACING-NOTES), and keeps
+only what a GPU would launch: top-level calls (not the decompositions fake tensors run inside
+one op), on local tensors (not the DTensor wrapper call), outside DTensor's sharding propagation
+(which re-runs ops at global shapes just to learn output shapes), and not views or allocations.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+from echo.artifacts import COMMS, DEPS, OPS
+from echo.trace import opinfo
+
+_FUNCTIONAL = {  # _c10d_functional op -> (collective, index of the group name argument)
+    "all_reduce": ("all_reduce", 2), "all_reduce_": ("all_reduce", 2),
+    "all_gather_into_tensor": ("all_gather", 2), "reduce_scatter_tensor": ("reduce_scatter", 3),
+    "all_to_all_single": ("all_to_all", 3), "broadcast": ("broadcast", 2),
+}
+_LEGACY_P2P = {"send": "send", "recv_": "recv"}
+_SHARDING_PROP_DEPTH = [0]  # > 0 while DTensor propagates shapes at global size
+
+
+def _mute_sharding_propagation() -> None:
+    """Wrap DTensor's shape propagation once so that the ops it runs are not recorded."""
+    cls = ShardingPropagator
+    if getattr(cls._propagate_tensor_meta_non_cached, "_echo_muted", False):
+        return
+    original = cls._propagate_tensor_meta_non_cached
+
+    def muted(self, op_schema):
+        _SHARDING_PROP_DEPTH[0] += 1
+        try:
+            return original(self, op_schema)
+        finally:
+            _SHARDING_PROP_DEPTH[0] -= 1
+
+    muted._echo_muted = True
+    cls._propagate_tensor_meta_non_cached = muted
+
+
+@dataclass
+class Context:
+    """What the driver is doing now: it labels every recorded op."""
+
+    phase: str = "forward"
+    chunk: int = 0
+    blocking: bool = True       # whether collectives issued now are waited on at once
+    stream: str = "compute"     # stream for collectives issued now (compute-stream ops stay on compute)
+    group_kinds: dict[tuple[int, ...], str] = field(default_factory=dict)
+
+
+class Recorder(FakeTensorMode):
+    """FakeTensorMode that appends one row per launched kernel (see module docstring)."""
+
+    def __init__(self, rank: int, **kwargs):
+        super().__init__(allow_non_fake_inputs=True, **kwargs)
+        _mute_sharding_propagation()
+        self.rank = rank
+        self.ctx = Context()
+        self.ops: dict[str, list] = {f.name: [] for f in OPS}
+        self.comms: dict[str, list] = {f.name: [] for f in COMMS}
+        self.deps: dict[str, list] = {f.name: [] for f in DEPS}
+        self._producer: dict[int, tuple[weakref.ref, int]] = {}
+        self._depth = 0
+        self._muted = 0
+
+    # -- driver controls ----------------------------------------------------------------
+    @contextmanager
+    def phase(self, phase: str, chunk: int = 0, *, blocking: bool = True, stream: str = "compute") -> Iterator[None]:
+        saved = self.ctx
+        self.ctx = Context(phase, chunk, blocking, stream, saved.group_kinds)
+        try:
+            yield
+        finally:
+            self.ctx = saved
+
+    @contextmanager
+    def muted(self) -> Iterator[None]:
+        """Run ops that have no counterpart on the real system (e.g. building fake buffers)."""
+        self._muted += 1
+        try:
+            yield
+        finally:
+            self._muted -= 1
+
+    # -- dispatch -------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        record = (self._depth == 0 and not self._muted and not _SHARDING_PROP_DEPTH[0]
+                  and not any(issubclass(t, DTensor) for t in types))
+        self._depth += 1
+        try:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._depth -= 1
+        if record:
+            self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func, args, kwargs, out) -> None:
+        ns, name = func.namespace, opinfo.base_name(func)
+        if ns == "_c10d_functional" and name == "wait_tensor":
+            self._alias(out, args[0])
+        elif ns == "_c10d_functional" and name in _FUNCTIONAL:
+            op, gi = _FUNCTIONAL[name]
+            ranks = dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(args[gi]))
+            self._add_comm(func, args, kwargs, out, op, ranks, peer=-1)
+        elif ns == "c10d" and name in _LEGACY_P2P:
+            self._add_p2p(func, args, kwargs, out, _LEGACY_P2P[name])
+        elif opinfo.is_free(func):
+            self._alias(out, args[0] if args else None)
+        else:
+            self._add_op(func, args, kwargs, out, kind="memcpy" if opinfo.op_class(func) == "copy" else "compute")
+
+    def _add_op(self, func, args, kwargs, out, *, kind: str, op_class: str | None = None,
+                stream: str = "compute", comm_id: int = -1) -> int:
+        seq = len(self.ops["seq"])
+        args_json = opinfo.encode_args(args, kwargs)
+        name = str(func)
+        row = dict(rank=self.rank, seq=seq, name=name, op_class=op_class or opinfo.op_class(func), kind=kind,
+                   phase=self.ctx.phase, chunk=self.ctx.chunk, microbatch=-1, stream=stream,
+                   shapes=opinfo.shapes_of(args), args=args_json, dtype=opinfo.dtype_of(args),
+                   flops=opinfo.matmul_flops(func, args), bytes=opinfo.moved_bytes(args, kwargs, out),
+                   kernel_key=opinfo.kernel_key(name, args_json), comm_id=comm_id)
+        for k, v in row.items():
+            self.ops[k].append(v)
+        for t in opinfo._tensors(list(args) + list(kwargs.values())):
+            src = self._producer_of(t)
+            if src is not None:
+                self._dep(src, seq, "data")
+        for t in opinfo._tensors(out):
+            self._producer[id(t)] = (weakref.ref(t), seq)
+        return seq
+
+    def _add_comm(self, func, args, kwargs, out, op: str, ranks: list[int], peer: int) -> None:
+        comm_id = len(self.comms["comm_id"])
+        kind = "p2p" if op in ("send", "recv") else "collective"
+        stream = "p2p" if kind == "p2p" else self.ctx.stream
+        seq = self._add_op(func, args, kwargs, out, kind=kind, op_class=kind, stream=stream, comm_id=comm_id)
+        t = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
+        nbytes = opinfo.tensor_bytes(t) * (len(ranks) if op == "all_gather" else 1)
+        row = dict(rank=self.rank, comm_id=comm_id, seq=seq, op=op, group=list(ranks), group_size=len(ranks),
+                   group_kind=self.ctx.group_kinds.get(tuple(ranks), "world" if len(ranks) > 2 else "pp"),
+                   bytes=nbytes, peer=peer, dtype=str(t.dtype).removeprefix("torch."), phase=self.ctx.phase,
+                   chunk=self.ctx.chunk, blocking=self.ctx.blocking if kind == "collective" else op == "recv")
+        for k, v in row.items():
+            self.comms[k].append(v)
+
+    def _add_p2p(self, func, args, kwargs, out, op: str) -> None:
+        pg, peer_in_group = args[1], args[2]
+        if not isinstance(pg, dist.ProcessGroup):  # the dispatcher passes a boxed ScriptObject
+            pg = dist.ProcessGroup.unbox(pg)
+        ranks = dist.get_process_group_ranks(pg)
+        peer = ranks[peer_in_group]
+        self._add_comm(func, args, kwargs, out, op, sorted([self.rank, peer]), peer=peer)
+
+    # -- data dependencies ----------------------------------------------------------------
+    def _producer_of(self, t: torch.Tensor) -> int | None:
+        hit = self._producer.get(id(t))
+        return hit[1] if hit and hit[0]() is t else None
+
+    def _alias(self, out, src) -> None:
+        if not isinstance(src, torch.Tensor):
+            return
+        seq = self._producer_of(src)
+        if seq is not None:
+            for t in opinfo._tensors(out):
+                self._producer[id(t)] = (weakref.ref(t), seq)
+
+    def _dep(self, src: int, dst: int, kind: str) -> None:
+        self.deps["rank"].append(self.rank)
+        self.deps["src"].append(src)
+        self.deps["dst"].append(dst)
+        self.deps["kind"].append(kind)
+
+    # -- results ----------------------------------------------------------------------------
+    def tables(self) -> dict[str, pa.Table]:
+        return {"ops": pa.table(self.ops, schema=OPS), "comms": pa.table(self.comms, schema=COMMS),
+                "deps": pa.table(self.deps, schema=DEPS)}

@@ -1,0 +1,73 @@
+"""Trace one representative rank per role, each in its own process, and gather the tables."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from echo.artifacts import COMMS, DEPS, OPS, TRACED_RANKS
+from echo.config.workload import Workload
+from echo.io import write_parquet
+from echo.trace.layout import Layout
+
+log = logging.getLogger(__name__)
+TABLES = {"ops": OPS, "comms": COMMS, "deps": DEPS, "ranks": TRACED_RANKS}
+_UNSUPPORTED = [  # (condition, key, reason): refused before any process starts
+    (lambda w: w.model.arch != "gpt", "model.arch", "only the gpt reference model is traced so far"),
+    (lambda w: w.model.experts > 0, "model.experts", "mixture-of-experts tracing is not implemented yet"),
+    (lambda w: w.parallel.cp > 1, "parallel.cp", "context parallelism is not traced yet"),
+    (lambda w: w.parallel.sequence_parallel, "parallel.sequence_parallel", "sequence parallelism is not traced yet"),
+    (lambda w: w.parallel.zero == 3, "parallel.zero", "ZeRO 3 / FSDP tracing is not implemented yet"),
+    (lambda w: w.training.recompute != "none", "training.recompute", "recompute is not traced yet"),
+]
+
+
+def check_traceable(w: Workload) -> None:
+    from echo.errors import ConfigError
+
+    for unsupported, key, reason in _UNSUPPORTED:
+        if unsupported(w):
+            raise ConfigError(f"config/workloads/{w.name}.yaml", key, reason)
+
+
+def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None = None) -> dict[str, pa.Table]:
+    """Trace ``ranks`` in parallel worker processes; return the concatenated tables."""
+    jobs = jobs or max(1, min(len(ranks), os.cpu_count() or 1))
+    with tempfile.TemporaryDirectory(prefix=".trace-", dir=out_dir) as tmp:
+        spec = Path(tmp) / "workload.json"
+        spec.write_text(w.model_dump_json())
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(lambda r: _run_worker(spec, r, Path(tmp) / str(r)), ranks))
+        return {name: pa.concat_tables([pq.read_table(Path(tmp) / str(r) / f"{name}.parquet") for r in ranks])
+                for name in TABLES}
+
+
+def _run_worker(spec: Path, rank: int, out: Path) -> None:
+    t0 = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "echo.trace.worker", str(spec), str(rank), str(out)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise RuntimeError(f"tracing rank {rank} failed:\n{proc.stderr[-4000:]}")
+    log.info("traced rank %d in %.1f s", rank, time.perf_counter() - t0)
+
+
+def run_trace(workload: Workload, out_dir: Path) -> None:
+    """Trace one representative rank per role of ``workload`` into ``out_dir``."""
+    check_traceable(workload)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reps = Layout(workload.parallel).representatives()
+    log.info("tracing %d roles of %s (world size %d)", len(reps), workload.name, workload.world_size)
+    tables = trace_ranks(workload, sorted(reps.values()), out_dir)
+    for name, schema in TABLES.items():
+        write_parquet(tables[name], out_dir / f"{name}.parquet", schema)
