@@ -14,15 +14,16 @@ import pyarrow as pa
 
 from echo.trace.layout import Layout
 
-_OP_COLUMNS = ("name", "kind", "phase", "chunk", "stream", "args")
+# Shapes and dtype, not the full arguments: scalar arguments can hold a rank's shard offset
+# (e.g. the vocabulary range of a vocabulary-parallel embedding) without changing the kernel.
+_OP_COLUMNS = ("name", "kind", "phase", "chunk", "stream", "shapes", "dtype")
 
 
 def graph_hash(ops: pa.Table, comms: pa.Table, layout: Layout, rank: int) -> str:
     h = hashlib.sha256()
     cols = [ops.column(c).to_pylist() for c in _OP_COLUMNS]
-    for name, kind, *rest, args in zip(*cols, strict=True):
-        # a collective's arguments hold absolute ranks and group names: it enters below, relative
-        h.update(repr((name, kind, *rest, args if kind in ("compute", "memcpy") else "")).encode())
+    for row in zip(*cols, strict=True):
+        h.update(repr(row).encode())
     for op, group, kind, nbytes, peer in zip(*(comms.column(c).to_pylist() for c in
                                               ("op", "group", "group_kind", "bytes", "peer")), strict=True):
         relative = tuple(g - min(group) for g in group)  # the group's shape, not where it sits

@@ -1,0 +1,238 @@
+"""``python -m echo``: run one stage outside Snakemake (to debug it), audit results, price a collective.
+
+Each stage subcommand loads and validates its configs the way the workflow does and writes to
+the workflow's paths under ``--results`` (default ``results/``), so its output can be inspected
+with ``audit`` or picked up by a later ``snakemake`` run (which re-runs it anyway if it has no
+record of it). Bad configuration exits with status 2 and one line naming file, key and reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from echo.errors import ConfigError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3,
+}
+
+
+class StageInputMissing(RuntimeError):
+    """An upstream artifact a stage reads has not been written yet."""
+
+
+def parse_bytes(text: str) -> int:
+    """'1048576', '1e6', '64KB' (10^3), '1MiB' (2^20), ... as a whole number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if not m or m.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 1048576, 64KB, 1MiB, 1e9)")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if value != int(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"not a whole, non-negative number of bytes: {text!r}")
+    return int(value)
+
+
+def _paths(results: Path, workload: str = "", hardware: str = "", topology: str = "") -> dict[str, Path]:
+    """The artifact paths of DESIGN.md section 3 for the given names."""
+    trace = results / "trace" / workload
+    return {
+        "trace_dir": trace,
+        "ops": trace / "ops.parquet",
+        "rank_classes": results / "dedup" / workload / "rank_classes.parquet",
+        "kernels": results / "profile" / workload / hardware / "kernels.parquet",
+        "calib_dir": results / "calibrate" / topology,
+        "network": results / "calibrate" / topology / "network.json",
+        "simulate_dir": results / "simulate" / workload / hardware / topology,
+    }
+
+
+def _need(*paths: Path, hint: str) -> None:
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise StageInputMissing(f"missing {', '.join(missing)}; {hint}")
+
+
+# --- subcommands ----------------------------------------------------------------------------
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from echo.config import load_workload
+    from echo.trace import run_trace
+
+    workload = load_workload(args.workload, root=args.config_dir)
+    out = args.out or _paths(args.results, args.workload)["trace_dir"]
+    run_trace(workload, Path(out))
+    print(out)
+    return 0
+
+
+def cmd_dedup(args: argparse.Namespace) -> int:
+    from echo.config import load_workload
+    from echo.dedup import run_dedup
+
+    workload = load_workload(args.workload, root=args.config_dir)
+    p = _paths(args.results, args.workload)
+    _need(p["ops"], hint=f"run `python -m echo trace --workload {args.workload}` first")
+    run_dedup(workload, p["trace_dir"], p["rank_classes"])
+    print(p["rank_classes"])
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from echo.config import load_hardware
+    from echo.profile import run_profile
+
+    hardware = load_hardware(args.hardware, root=args.config_dir)
+    p = _paths(args.results, args.workload, args.hardware)
+    _need(p["ops"], hint=f"run `python -m echo trace --workload {args.workload}` first")
+    run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=args.cache_dir)
+    print(p["kernels"])
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from echo.config import load_topology
+    from echo.network import run_calibrate
+
+    topology = load_topology(args.topology, root=args.config_dir)
+    p = _paths(args.results, topology=args.topology)
+    run_calibrate(topology, p["calib_dir"])
+    print(p["calib_dir"])
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from echo.config import load_hardware, load_topology, load_workload
+    from echo.config.loader import check_placement, config_path
+    from echo.simulate import run_simulate
+
+    workload = load_workload(args.workload, root=args.config_dir)
+    hardware = load_hardware(args.hardware, root=args.config_dir)
+    topology = load_topology(args.topology, root=args.config_dir)
+    check_placement(workload, topology, config_path("topology", args.topology, args.config_dir))
+    p = _paths(args.results, args.workload, args.hardware, args.topology)
+    w, h, t = args.workload, args.hardware, args.topology
+    _need(p["ops"], hint=f"run `python -m echo trace --workload {w}` first")
+    _need(p["rank_classes"], hint=f"run `python -m echo dedup --workload {w}` first")
+    _need(p["kernels"], hint=f"run `python -m echo profile --workload {w} --hardware {h}` first")
+    _need(p["network"], hint=f"run `python -m echo calibrate --topology {t}` first")
+    run_simulate(workload, hardware, topology, p["trace_dir"], p["rank_classes"], p["kernels"],
+                 p["calib_dir"], p["simulate_dir"])
+    from echo.report.audit import summaries_table
+
+    print(summaries_table(args.results, paths=[p["simulate_dir"] / "summary.parquet"]))
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from echo.report.audit import audit
+
+    import duckdb
+
+    sql = sys.stdin.read() if args.sql == "-" else args.sql
+    try:
+        print(audit(sql, args.results, max_rows=args.max_rows))
+    except duckdb.Error as exc:
+        print(f"echo audit: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from echo.report.audit import summaries_table
+
+    print(summaries_table(args.results))
+    return 0
+
+
+def cmd_collective(args: argparse.Namespace) -> int:
+    from echo.network import collective_main
+
+    result = collective_main(args.topology, args.op, args.gpus, args.bytes)
+    print(json.dumps(result, default=str))
+    return 0
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from echo.versioning import STAGE_MODULES, code_version
+
+    for stage in STAGE_MODULES:
+        print(f"{stage:10s} {code_version(stage)}")
+    return 0
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m echo",
+        description="Echo: simulate one iteration of large-scale distributed training. "
+                    "The workflow (`snakemake`) runs all stages; these commands run one at a time.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--results", type=Path, default=Path("results"), help="results folder (default: results)")
+    common.add_argument("--config-dir", type=Path, default=None,
+                        help="folder with workloads/, hardware/, topologies/ (default: the repository's config/)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("trace", cmd_trace, "trace each distinct rank of a workload")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--out", type=Path, help="output folder (default: RESULTS/trace/WORKLOAD)")
+
+    p = add("dedup", cmd_dedup, "group a traced workload's ranks into classes")
+    p.add_argument("--workload", required=True)
+
+    p = add("profile", cmd_profile, "time the distinct kernels of a traced workload on a hardware")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--cache-dir", type=Path, default=None, help="kernel timing cache (default: none)")
+
+    p = add("calibrate", cmd_calibrate, "fit the collective model of a topology")
+    p.add_argument("--topology", required=True)
+
+    p = add("simulate", cmd_simulate, "simulate one iteration (needs trace, dedup, profile, calibrate)")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--topology", required=True)
+
+    p = add("audit", cmd_audit, "SQL over all results (DuckDB views); without SQL, list the views")
+    p.add_argument("sql", nargs="?", default=None, help="a query, or - to read it from stdin")
+    p.add_argument("--max-rows", type=int, default=200)
+
+    add("report", cmd_report, "print the summaries of all simulated experiments")
+
+    p = add("collective", cmd_collective, "estimate one collective on a topology (calibrated first)")
+    p.add_argument("--topology", required=True)
+    p.add_argument("--op", required=True, help="all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | send | recv")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--bytes", type=parse_bytes, required=True, help="message size, e.g. 1048576, 64KB, 1MiB")
+
+    add("versions", cmd_versions, "print each stage's code version (what the workflow's params compare)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"echo: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    except StageInputMissing as exc:
+        print(f"echo: {exc}", file=sys.stderr)
+        return 1

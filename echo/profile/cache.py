@@ -1,0 +1,90 @@
+"""Cache of CPU kernel timings across workloads: ``{cache_dir}/cpu_kernels.parquet``.
+
+A timing is reusable only on the same CPU model, torch version and thread count, so those are
+part of each row's identity besides the kernel key. Writers merge under an exclusive lock (two
+profile jobs of different workloads may share the cache) and replace the file atomically, so a
+reader never sees a partial file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from echo.io import read_parquet, write_parquet
+
+FILE = "cpu_kernels.parquet"
+SCHEMA = pa.schema([
+    ("kernel_key", pa.string()),
+    ("name", pa.string()),
+    ("duration_us", pa.float64()),
+    ("threads", pa.int32()),
+    ("cpu", pa.string()),
+    ("torch", pa.string()),
+])
+
+
+@functools.cache
+def cpu_model() -> str:
+    """This machine's CPU model name (the cache must not carry timings to another CPU)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load(cache_dir: Path, threads: int) -> dict[str, float]:
+    """kernel_key -> duration_us of timings valid here."""
+    path = Path(cache_dir) / FILE
+    if not path.is_file():
+        return {}
+    t = read_parquet(path)
+    mask = pc.and_(pc.and_(pc.equal(t["threads"], threads), pc.equal(t["cpu"], cpu_model())),
+                   pc.equal(t["torch"], torch.__version__))
+    t = t.filter(mask)
+    return dict(zip(t["kernel_key"].to_pylist(), t["duration_us"].to_pylist(), strict=True))
+
+
+def store(cache_dir: Path, new: dict[str, tuple[str, float]], threads: int) -> None:
+    """Merge ``new`` (kernel_key -> (name, duration_us)) into the cache file."""
+    path = Path(cache_dir) / FILE
+    n = len(new)
+    rows = pa.table({
+        "kernel_key": list(new), "name": [v[0] for v in new.values()],
+        "duration_us": [v[1] for v in new.values()], "threads": [threads] * n,
+        "cpu": [cpu_model()] * n, "torch": [torch.__version__] * n,
+    }, schema=SCHEMA)
+    with _locked(path):
+        if path.is_file():
+            rows = pa.concat_tables([_others(read_parquet(path).cast(SCHEMA), rows), rows])
+        write_parquet(rows, path, SCHEMA)
+
+
+def _others(old: pa.Table, new: pa.Table) -> pa.Table:
+    """Rows of ``old`` that ``new`` does not replace (same key, threads, cpu and torch)."""
+    ident = ("kernel_key", "threads", "cpu", "torch")
+    replaced = {tuple(r[c] for c in ident) for r in new.select(ident).to_pylist()}
+    keep = [tuple(r[c] for c in ident) not in replaced for r in old.select(ident).to_pylist()]
+    return old.filter(pa.array(keep, pa.bool_()))
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,88 @@
+"""Pipeline schedules as per-stage task orders.
+
+A schedule says, for every pipeline stage, in which order it runs the forward (F) and backward
+(B) passes of each micro-batch and model chunk. It says nothing about time: the engine turns the
+orders into a timeline, so one definition serves every workload and the bubble is an outcome,
+not an input. Chunk ``c`` on stage ``s`` is virtual stage ``c * stages + s`` (Megatron-LM's
+interleaved layout), so activations leave the last stage for stage 0 of the next chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One pass of one micro-batch through one model chunk on one pipeline stage."""
+
+    kind: str        # "F" (forward) | "B" (backward, including any recomputation)
+    microbatch: int
+    chunk: int
+
+
+def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1) -> list[list[Task]]:
+    """Every stage's task order for ``schedule``; refuses combinations the schedule cannot run."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule '{schedule}'; known: {', '.join(SCHEDULES)}")
+    if stages < 1 or micro_batches < 1 or chunks < 1:
+        raise ValueError(f"stages ({stages}), micro-batches ({micro_batches}) and chunks ({chunks}) must be >= 1")
+    if schedule != "interleaved" and chunks != 1:
+        raise ValueError(f"schedule {schedule} runs one chunk per stage, got {chunks} (use interleaved)")
+    if schedule == "interleaved" and micro_batches % stages:
+        raise ValueError(f"interleaved needs micro-batches ({micro_batches}) divisible by stages ({stages})")
+    build: Callable[[int, int, int, int], list[Task]] = _BUILDERS[schedule]
+    return [build(s, stages, micro_batches, chunks) for s in range(stages)]
+
+
+def _gpipe(stage: int, stages: int, m: int, chunks: int) -> list[Task]:
+    """All forwards, then all backwards (torch.distributed.pipelining's ScheduleGPipe order)."""
+    return [Task("F", i, 0) for i in range(m)] + [Task("B", i, 0) for i in range(m)]
+
+
+def _one_f_one_b(stage: int, stages: int, m: int, chunks: int) -> list[Task]:
+    """PipeDream-flush 1F1B: stages - stage - 1 warm-up forwards, then one forward and one
+    backward in turn, then the cool-down backwards. A stage never holds more than
+    stages - stage micro-batches of activations."""
+    warmup = min(stages - stage - 1, m)
+    order = [Task("F", i, 0) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [Task("F", warmup + i, 0), Task("B", i, 0)]
+    return order + [Task("B", i, 0) for i in range(m - warmup, m)]
+
+
+def _interleaved(stage: int, stages: int, m: int, chunks: int) -> list[Task]:
+    """Megatron-LM's interleaved 1F1B (forward_backward_pipelining_with_interleaving): virtual
+    micro-batches walk the chunks in groups of ``stages`` micro-batches; the warm-up is
+    2 * (stages - stage - 1) + (chunks - 1) * stages virtual micro-batches."""
+    total = m * chunks
+    warmup = min(2 * (stages - stage - 1) + (chunks - 1) * stages, total)
+
+    def task(k: int, kind: str) -> Task:
+        in_group = k % (stages * chunks)
+        chunk = in_group // stages
+        if kind == "B":
+            chunk = chunks - chunk - 1  # backward walks the chunks in reverse
+        microbatch = (k // (stages * chunks)) * stages + k % stages
+        return Task(kind, microbatch, chunk)
+
+    order = [task(k, "F") for k in range(warmup)]
+    for i in range(total - warmup):
+        order += [task(warmup + i, "F"), task(i, "B")]
+    return order + [task(k, "B") for k in range(total - warmup, total)]
+
+
+_BUILDERS = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved": _interleaved}
+
+
+def in_flight(order: list[Task]) -> int:
+    """Most chunk-micro-batches whose activations a stage holds at once (forward done, backward
+    not yet): the activation-memory multiplier of the schedule, read off the order itself."""
+    held = peak = 0
+    for task in order:
+        held += 1 if task.kind == "F" else -1
+        peak = max(peak, held)
+    return peak
