@@ -93,7 +93,8 @@ def test_zero1_reduce_scatters_grads_and_all_gathers_params(tp_pp_dp):
 def test_pipeline_p2p_peers_and_sizes(tp_pp_dp):
     _, tables = tp_pp_dp
     first, last = _rank(tables, "comms", 0), _rank(tables, "comms", 4)
-    p2p = lambda t: [(r["op"], r["phase"], r["peer"], r["bytes"]) for r in t.to_pylist() if r["group_kind"] == "pp"]
+    def p2p(t):
+        return [(r["op"], r["phase"], r["peer"], r["bytes"]) for r in t.to_pylist() if r["group_kind"] == "pp"]
     act = B * S * H * 2
     assert p2p(first) == [("send", "forward", 4, act), ("recv", "backward", 4, act)]
     assert p2p(last) == [("recv", "forward", 0, act), ("send", "backward", 0, act)]
