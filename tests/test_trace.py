@@ -143,3 +143,20 @@ def test_unsupported_options_are_refused_before_tracing():
 
     with pytest.raises(ConfigError, match="parallel.zero"):
         check_traceable(workload(zero=3))
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recompute_replays_forward_ops_in_backward(recompute, tmp_path):
+    d = workload(tp=2).model_dump()
+    d["training"]["recompute"] = recompute
+    w = Workload.model_validate(d)
+    tables = trace_ranks(w, [0], tmp_path)
+    ops, comms = tables["ops"], tables["comms"]
+    re = ops.filter(pc.equal(ops["phase"], "recompute"))
+    per_layer_attention = 4 * B * (HEADS // 2) * S * S * (H // HEADS)
+    if recompute == "selective":  # the attention core only: no GEMMs, no collectives
+        assert pc.sum(re["flops"]).as_py() == per_layer_attention * L
+        assert set(re["op_class"].to_pylist()) == {"attention"}
+    else:  # every layer's forward again, with its two TP all-reduces
+        assert pc.sum(re["flops"]).as_py() == pytest.approx(analytic_flops(L, 2, False) / 3, rel=1e-9)
+        assert pc.sum(pc.equal(comms["phase"], "recompute")).as_py() == 2 * L

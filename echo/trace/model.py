@@ -6,17 +6,44 @@ plans (see tensor_parallel.py), so the attention code works on whatever heads ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from echo.config.workload import ModelConfig
 
+RecomputeHook = Callable[[], AbstractContextManager]
+
+
+def recomputed(fn: Callable, hook: RecomputeHook) -> Callable:
+    """Activation checkpointing of ``fn`` whose second run (the recompute inside backward) runs
+    under ``hook()``, so that the tracer labels those ops as recompute."""
+    calls = [0]
+
+    def run(*args):
+        calls[0] += 1
+        with hook() if calls[0] > 1 else nullcontext():
+            return fn(*args)
+
+    def checkpointed(*args):
+        # Megatron-LM recomputes the whole layer; PyTorch's early stop would skip its tail
+        with set_checkpoint_early_stop(False):
+            return checkpoint(run, *args, use_reentrant=False)
+
+    return checkpointed
+
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, recompute: str, hook: RecomputeHook):
         super().__init__()
         self.head_dim = cfg.head_dim
+        # selective recompute (Korthikanti et al.) recomputes the attention core in backward
+        self.selective = recompute == "selective"
+        self.hook = hook
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
@@ -24,7 +51,8 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         # -1: the local head count, hidden/heads/tp once qkv is column-parallel
         q, k, v = self.qkv(x).view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        y = recomputed(core, self.hook)(q, k, v) if self.selective else core(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -39,14 +67,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, recompute: str = "none", hook: RecomputeHook = nullcontext):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, recompute, hook)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.mlp = MLP(cfg)
+        self.full = recompute == "full"  # full recompute: only the layer input is kept
+        self.hook = hook
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return recomputed(self._layer, self.hook)(x) if self.full else self._layer(x)
+
+    def _layer(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -56,13 +89,14 @@ class GPTChunk(nn.Module):
     chunk and the final norm + LM head on the last. Input: token ids (first chunk) or the previous
     chunk's hidden states; output: hidden states, or logits on the last chunk."""
 
-    def __init__(self, cfg: ModelConfig, n_layers: int, *, first: bool, last: bool):
+    def __init__(self, cfg: ModelConfig, n_layers: int, *, first: bool, last: bool,
+                 recompute: str = "none", hook: RecomputeHook = nullcontext):
         super().__init__()
         self.first, self.last = first, last
         if first:
             self.tok_emb = nn.Embedding(cfg.vocab, cfg.hidden)
             self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, recompute, hook) for _ in range(n_layers))
         if last:
             self.ln_f = nn.LayerNorm(cfg.hidden)
             self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)

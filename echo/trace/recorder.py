@@ -86,6 +86,10 @@ class Recorder(FakeTensorMode):
         finally:
             self.ctx = saved
 
+    def recompute(self):
+        """Label ops as recompute (activation checkpointing re-running forward inside backward)."""
+        return self.phase("recompute", self.ctx.chunk, blocking=self.ctx.blocking, stream=self.ctx.stream)
+
     @contextmanager
     def muted(self) -> Iterator[None]:
         """Run ops that have no counterpart on the real system (e.g. building fake buffers)."""

@@ -27,7 +27,6 @@ _UNSUPPORTED = [  # (condition, key, reason): refused before any process starts
     (lambda w: w.parallel.cp > 1, "parallel.cp", "context parallelism is not traced yet"),
     (lambda w: w.parallel.sequence_parallel, "parallel.sequence_parallel", "sequence parallelism is not traced yet"),
     (lambda w: w.parallel.zero == 3, "parallel.zero", "ZeRO 3 / FSDP tracing is not implemented yet"),
-    (lambda w: w.training.recompute != "none", "training.recompute", "recompute is not traced yet"),
 ]
 
 

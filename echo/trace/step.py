@@ -62,11 +62,12 @@ def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     return groups
 
 
-def _chunks(w: Workload, pp_rank: int) -> list[GPTChunk]:
+def _chunks(w: Workload, pp_rank: int, rec: Recorder) -> list[GPTChunk]:
     p = w.parallel
     per_chunk = w.model.layers // (p.pp * p.virtual_stages)
     return [GPTChunk(w.model, per_chunk, first=pp_rank == 0 and c == 0,
-                     last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1)
+                     last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
+                     recompute=w.training.recompute, hook=rec.recompute)
             for c in range(p.virtual_stages)]
 
 
@@ -99,7 +100,7 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         dtype = DTYPES[w.training.dtype]
         torch.set_default_dtype(dtype)
         with rec, rec.muted():
-            chunks = _chunks(w, layout.coords(rank).pp)
+            chunks = _chunks(w, layout.coords(rank).pp, rec)
         if p.tp > 1:  # DTensor plans must be applied outside the fake mode (TRACING-NOTES)
             mesh = DeviceMesh.from_group(groups["tp"], "cpu")
             with rec.muted():
