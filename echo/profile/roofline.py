@@ -42,7 +42,7 @@ ATTENTION_BLOCK = 128
 # (which, following the MFU convention, do not halve for causal masking).
 CAUSAL_FRACTION = 0.5
 
-# torch dtype name -> peak_tflops key. fp32 matmuls use tf32 where the GPU has it (see _peak).
+# torch dtype name -> peak_tflops key. fp32 matmuls use tf32 where the GPU has it (peak_tflops).
 # The hardware schema has no fp8 or fp64 peak: fp8 is modelled at the bf16 rate (conservative),
 # fp64 at the fp32 rate (optimistic; fp64 is not a training dtype here).
 _PEAK_KEY = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp32"}

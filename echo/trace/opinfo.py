@@ -41,7 +41,8 @@ def base_name(func) -> str:
 
 def is_free(func) -> bool:
     name = base_name(func)
-    return name in _FREE or getattr(func, "is_view", False)
+    # profiler.* ops mark record_function ranges; they launch nothing
+    return name in _FREE or getattr(func, "is_view", False) or func.namespace == "profiler"
 
 
 def op_class(func) -> str:
@@ -73,10 +74,16 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def moved_bytes(args, kwargs, out) -> float:
-    """Bytes read (tensor inputs) plus bytes written (tensor outputs)."""
+def moved_bytes(func, args, kwargs, out) -> float:
+    """Bytes read (tensor inputs) plus bytes written (tensor outputs, and the inputs an in-place op
+    writes into: _fused_adamw_ returns nothing but rewrites params and both moments)."""
     ins = _tensors(list(args) + list(kwargs.values()))
-    return float(sum(tensor_bytes(t) for t in ins) + sum(tensor_bytes(t) for t in _tensors(out)))
+    written = _tensors(out)
+    if not written:
+        for arg, value in zip(func._schema.arguments, args, strict=False):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                written += _tensors(value)
+    return float(sum(tensor_bytes(t) for t in ins) + sum(tensor_bytes(t) for t in written))
 
 
 def matmul_flops(func, args) -> float:

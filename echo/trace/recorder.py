@@ -136,7 +136,7 @@ class Recorder(FakeTensorMode):
         row = dict(rank=self.rank, seq=seq, name=name, op_class=op_class or opinfo.op_class(func), kind=kind,
                    phase=self.ctx.phase, chunk=self.ctx.chunk, microbatch=-1, stream=stream,
                    shapes=opinfo.shapes_of(args), args=args_json, dtype=opinfo.dtype_of(args),
-                   flops=opinfo.matmul_flops(func, args), bytes=opinfo.moved_bytes(args, kwargs, out),
+                   flops=opinfo.matmul_flops(func, args), bytes=opinfo.moved_bytes(func, args, kwargs, out),
                    kernel_key=opinfo.kernel_key(name, args_json), comm_id=comm_id)
         for k, v in row.items():
             self.ops[k].append(v)
