@@ -266,7 +266,7 @@ def test_round_trip_with_the_tracers_encoding():
                 self.kernels[key] = Kernel(key, str(func), opinfo.op_class(func), "compute",
                                            opinfo.shapes_of(args), opinfo.dtype_of(args),
                                            opinfo.matmul_flops(func, args),
-                                           opinfo.moved_bytes(args, kwargs, out), aj)
+                                           opinfo.moved_bytes(func, args, kwargs, out), aj)
             return out
 
     torch.manual_seed(0)

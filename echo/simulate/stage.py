@@ -2,7 +2,7 @@
 the timeline and the Perfetto trace.
 
 Only representatives' ops are read and each class is reduced once, so the work grows with the
-number of classes (pipeline stages today) and micro-batches; the world size only enters through
+number of classes (first, middle and last pipeline stage today) and micro-batches; the world size only enters through
 the per-rank class table, counted with pyarrow.
 """
 
@@ -58,25 +58,33 @@ def _waits(trace_dir: Path, ranks: set[int], ops: Mapping[int, list[dict]],
     return out
 
 
-def _class_table(rank_classes_path: Path) -> pa.Table:
-    """class_id -> representative, pp_rank and rank count, one row per class."""
+def _class_table(rank_classes_path: Path) -> list[dict]:
+    """One row per class: representative, the pipeline stages it covers, its rank count. A class
+    may span stages: the middle stages of a pipeline run the same graph up to rank labels."""
     rc = pq.read_table(rank_classes_path, columns=["rank", "class_id", "representative", "pp_rank"])
-    return rc.group_by("class_id").aggregate([("representative", "min"), ("pp_rank", "min"),
-                                              ("pp_rank", "max"), ("rank", "count")]).sort_by("class_id")
+    rows = rc.group_by(["class_id", "pp_rank"]).aggregate([("representative", "min"), ("representative", "max"),
+                                                           ("rank", "count")]).to_pylist()
+    out: dict[int, dict] = {}
+    for r in sorted(rows, key=lambda r: (r["class_id"], r["pp_rank"])):
+        c = out.setdefault(r["class_id"], {"class_id": r["class_id"], "reps": set(), "stages": [], "ranks": 0})
+        c["reps"] |= {r["representative_min"], r["representative_max"]}
+        c["stages"].append(r["pp_rank"])
+        c["ranks"] += r["rank_count"]
+    for c in out.values():
+        if len(c["reps"]) != 1:
+            raise ValueError(f"{rank_classes_path}: class {c['class_id']} has representatives {sorted(c['reps'])}")
+        c["representative"] = c["reps"].pop()
+    return list(out.values())
 
 
 def load_classes(workload, trace_dir: Path, rank_classes_path: Path, kernels: Mapping[str, float],
                  network) -> list[ClassInfo]:
     """Every class reduced to its task costs and memory, from its representative's trace."""
-    table = _class_table(rank_classes_path).to_pylist()
-    total = sum(c["rank_count"] for c in table)
+    table = _class_table(rank_classes_path)
+    total = sum(c["ranks"] for c in table)
     if total != workload.world_size:
         raise ValueError(f"{rank_classes_path}: {total} ranks, but the workload's world size is {workload.world_size}")
-    for c in table:
-        if c["pp_rank_min"] != c["pp_rank_max"]:
-            raise ValueError(f"{rank_classes_path}: class {c['class_id']} spans pipeline stages "
-                             f"{c['pp_rank_min']}..{c['pp_rank_max']}; symmetric mode needs one stage per class")
-    reps = {c["representative_min"] for c in table}
+    reps = {c["representative"] for c in table}
     ops = _rows_by_rank(trace_dir / "ops.parquet", OPS_COLUMNS, reps)
     comms = {r: {c["comm_id"]: c for c in rows}
              for r, rows in _rows_by_rank(trace_dir / "comms.parquet", COMMS_COLUMNS, reps).items()}
@@ -85,12 +93,12 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, kernels: Ma
     timer = CommTimer(network)
     out = []
     for c in table:
-        rep = c["representative_min"]
+        rep = c["representative"]
         if not ops[rep] or rep not in memory:
             raise ValueError(f"class {c['class_id']}: representative rank {rep} is missing from {trace_dir}")
         mem = memory[rep]
         out.append(ClassInfo(
-            class_id=c["class_id"], representative=rep, pp_rank=c["pp_rank_min"], ranks=c["rank_count"],
+            class_id=c["class_id"], representative=rep, stages=tuple(c["stages"]), ranks=c["ranks"],
             costs=reduce_rank(ops[rep], comms[rep], kernels, timer, waits[rep]),
             state_bytes=mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_bytes"],
             activation_bytes=mem["activation_bytes_per_microbatch"]))
@@ -104,10 +112,13 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int) -> list[Rank
         if c.costs.chunks != chunks:
             raise ValueError(f"class {c.class_id} traced {c.costs.chunks} chunks, the workload has "
                              f"virtual_stages = {chunks}")
-        by_stage.setdefault(c.pp_rank, []).append(c.costs)
+        for s in c.stages:
+            by_stage.setdefault(s, []).append(c.costs)
     missing = [s for s in range(stages) if s not in by_stage]
-    if missing or len(by_stage) != stages:
-        raise ValueError(f"pipeline stages {missing or sorted(by_stage)} have no class (pp = {stages})")
+    extra = sorted(s for s in by_stage if not 0 <= s < stages)
+    if missing or extra:
+        raise ValueError(f"rank classes do not cover pp = {stages}: stages without a class {missing}, "
+                         f"stages out of range {extra}")
     return [slowest(by_stage[s]) for s in range(stages)]
 
 
@@ -134,7 +145,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     result = simulate(stage_costs(classes, par.pp, par.virtual_stages), orders, options or EngineOptions())
     stage_classes: dict[int, list[int]] = {}
     for c in classes:
-        stage_classes.setdefault(c.pp_rank, []).append(c.class_id)
+        for s in c.stages:
+            stage_classes.setdefault(s, []).append(c.class_id)
     write_parquet(timeline_table(result.events, stage_classes), out_dir / "timeline.parquet", TIMELINE)
     write_json(chrome_trace(result.events, stage_classes, {"workload": workload.name, "hardware": hardware.name,
                                                           "topology": topology.name}), out_dir / "trace.json")

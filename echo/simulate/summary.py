@@ -31,8 +31,8 @@ class ClassInfo:
 
     class_id: int
     representative: int       # the traced rank whose graph the class shares
-    pp_rank: int
-    ranks: int                # how many ranks of the job are in the class
+    stages: tuple[int, ...]   # pipeline stages (pp ranks) its ranks sit on; middle stages share one class
+    ranks: int                # how many ranks of the job are in the class, all stages together
     costs: RankCosts
     state_bytes: int = 0      # parameters + gradients + optimizer state, per rank
     activation_bytes: int = 0  # saved for backward by one micro-batch (all chunks of the rank)
@@ -68,7 +68,8 @@ def stage_peak_bytes(classes: Sequence[ClassInfo], orders: Sequence[Sequence[Tas
     """Per pipeline stage, the peak memory of its hungriest class."""
     peak = [0.0] * len(orders)
     for c in classes:
-        peak[c.pp_rank] = max(peak[c.pp_rank], class_peak_bytes(c, orders[c.pp_rank]))
+        for s in c.stages:  # in flight depends on the stage's place in the pipeline
+            peak[s] = max(peak[s], class_peak_bytes(c, orders[s]))
     return peak
 
 
@@ -84,6 +85,8 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
                   orders: Sequence[Sequence[Task]], result: EngineResult, sim_wall_s: float) -> pa.Table:
     """One row: the SUMMARY contract columns, then the breakdowns behind them."""
     m, world = workload.micro_batches, workload.world_size
+    if result.step_us <= 0:
+        raise ValueError(f"{workload.name}: the simulated step takes no time (no timed ops in the trace?)")
     step_s = result.step_us / 1e6
     crit = result.stages[result.critical_stage]
     flops = step_flops(classes, m)
