@@ -133,9 +133,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from echo.report.audit import audit
-
     import duckdb
+
+    from echo.report.audit import audit
 
     sql = sys.stdin.read() if args.sql == "-" else args.sql
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -112,7 +112,7 @@ def stage_files(stage: str, root: Path = PACKAGE_DIR) -> list[Path]:
     return sorted(files)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _code_version(stage: str, root: Path) -> str:
     digest = hashlib.sha256(stage.encode())
     for path in stage_files(stage, root):

@@ -44,7 +44,9 @@ def _validate(model: type[M], data: dict, path: Path) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        # an unknown key usually explains a "missing" one (a misspelt unit): report it first
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         key = ".".join(str(p) for p in err["loc"]) or "-"
         reason = err["msg"]
         if err["type"] == "extra_forbidden":

@@ -1,0 +1,43 @@
+# Echo: simulate one iteration of large-scale distributed training without the cluster.
+#
+# The pipeline (DESIGN.md section 1), one rule file per stage:
+#
+#   trace     results/trace/{workload}/{ops,comms,deps,ranks}.parquet
+#   dedup     results/dedup/{workload}/rank_classes.parquet
+#   profile   results/profile/{workload}/{hardware}/kernels.parquet
+#   calibrate results/calibrate/{topology}/{collectives.parquet,network.json}
+#   simulate  results/simulate/{workload}/{hardware}/{topology}/{summary.parquet,timeline.parquet,trace.json}
+#   report    results/report/summaries.parquet (and a printed table)
+#
+# `rule all` runs the default experiments of config/config.yaml; any other combination of
+# existing config files is run by asking for its path, e.g.
+#   snakemake --cores 2 results/simulate/tiny-tp2/h100-sxm-80gb/dgx-h100-ndr/summary.parquet
+# Each rule receives only its own config slice (validated) and its stage's code version as
+# params, so an edited topology re-runs only that topology's calibrate/simulate/report jobs.
+
+import sys
+
+sys.path.insert(0, workflow.basedir)  # the echo package next to this Snakefile
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/trace.smk"
+include: "workflow/rules/dedup.smk"
+include: "workflow/rules/profile.smk"
+include: "workflow/rules/calibrate.smk"
+include: "workflow/rules/simulate.smk"
+include: "workflow/rules/report.smk"
+
+
+localrules:
+    all,
+    report,
+
+
+rule all:
+    input:
+        experiment_targets(EXPERIMENTS),
+        "results/report/summaries.parquet",

@@ -1,0 +1,24 @@
+# dedup: which ranks run the same graph? One row per rank of the job: its class and the traced
+# representative whose graph it shares.
+
+
+rule dedup:
+    input:
+        validated("workload"),
+        ops="results/trace/{workload}/ops.parquet",
+        comms="results/trace/{workload}/comms.parquet",
+        deps="results/trace/{workload}/deps.parquet",
+        ranks="results/trace/{workload}/ranks.parquet",
+    output:
+        rank_classes="results/dedup/{workload}/rank_classes.parquet",
+    params:
+        workload=workload_params,
+        code=code_version("dedup"),
+    log:
+        "logs/dedup/{workload}.log",
+    benchmark:
+        "results/benchmarks/dedup/{workload}.tsv"
+    conda:
+        "../envs/echo.yaml"
+    script:
+        "../scripts/dedup.py"

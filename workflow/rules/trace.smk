@@ -1,0 +1,23 @@
+# trace: run one training step of each distinct rank on this CPU, with fake tensors and a fake
+# process group, and record what it computes and communicates.
+
+
+rule trace:
+    input:
+        validated("workload"),
+    output:
+        ops="results/trace/{workload}/ops.parquet",
+        comms="results/trace/{workload}/comms.parquet",
+        deps="results/trace/{workload}/deps.parquet",
+        ranks="results/trace/{workload}/ranks.parquet",
+    params:
+        workload=workload_params,
+        code=code_version("trace"),
+    log:
+        "logs/trace/{workload}.log",
+    benchmark:
+        "results/benchmarks/trace/{workload}.tsv"
+    conda:
+        "../envs/echo.yaml"
+    script:
+        "../scripts/trace.py"
