@@ -11,9 +11,12 @@ the time of a repeat is the slowest rank's (an op is done when every rank is don
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,6 +37,12 @@ _FLOAT_BYTES = 4  # float32 payloads
 _WARMUP = 2       # untimed repeats per size: first touches allocate buffers and open connections
 _BUDGET_US = 60_000.0  # timed samples per (op, size) aim to cover this much op time...
 _MAX_SAMPLES = 60       # ...but no more than this many samples
+_PASSES = 12            # sweeps over all sizes that the samples of each size are spread over
+_TIMEOUT_S = 300.0      # a hung rank (e.g. a blocked port) must not hang the workflow
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # so workers import this very package
+_MAX_HELD_BYTES = 4 << 30  # every size's buffers stay allocated during the sweep (per rank)
+# bytes of buffers one op holds per message byte: all_gather keeps its output and its input share
+_HELD_PER_BYTE = {"all_reduce": 1.0, "all_gather": 1.5, "send": 1.0}
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, ranks: int = 1) -> list[int]:
@@ -59,7 +68,7 @@ def _timed_op(op: str, rank: int, nbytes: int, world: int):
     import torch.distributed as dist
 
     if op == "all_reduce":
-        buf = torch.ones(nbytes // _FLOAT_BYTES)
+        buf = torch.zeros(nbytes // _FLOAT_BYTES)  # zeros: repeated sums never overflow to inf
         return lambda: dist.all_reduce(buf)
     if op == "all_gather":
         out = torch.empty(nbytes // _FLOAT_BYTES)
@@ -97,10 +106,10 @@ def _agreed_max(values: list[float]) -> list[float]:
 
 
 def _sweep(runs: list, iters: int) -> list[float]:
-    """Median microseconds per op for each runner in ``runs``.
+    """Median microseconds per op for each runner in ``runs`` (at least ``iters`` samples each).
 
     Loopback on a small shared machine stalls in bursts (a few ms, many in a row), so one size
-    must not be timed in one go: ``iters`` passes visit every runner in turn, each visit timing
+    must not be timed in one go: ``_PASSES`` passes visit every runner in turn, each visit timing
     enough repeats that a runner gets about ``_BUDGET_US`` of samples (at most ``_MAX_SAMPLES``).
     A burst then spoils a few samples of many sizes instead of most samples of one.
     """
@@ -108,53 +117,96 @@ def _sweep(runs: list, iters: int) -> list[float]:
         for _ in range(_WARMUP):
             run()
     probes = _agreed_max([_time_once(run) for run in runs])  # ranks must agree on repeat counts
-    per_visit = [int(min(_MAX_SAMPLES, max(iters, _BUDGET_US // max(p, 1.0))) // iters) for p in probes]
+    passes = max(iters, _PASSES)
+    wanted = [min(_MAX_SAMPLES, max(iters, _BUDGET_US // max(p, 1.0))) for p in probes]
+    per_visit = [max(1, round(w / passes)) for w in wanted]
     samples: list[list[float]] = [[] for _ in runs]
-    for _ in range(iters):
+    for _ in range(passes):
         for run, count, out in zip(runs, per_visit, samples, strict=True):
             out.extend(_time_once(run) for _ in range(count))
     return [statistics.median(_agreed_max(out)) for out in samples]
 
 
-def _worker(rank: int, world: int, port: int, ops: Sequence[str], sizes: Sequence[int],
-            iters: int, out_path: str) -> None:
-    """Body of one benchmark process; rank 0 writes the rows to ``out_path`` as Arrow IPC."""
+def _worker(rank: int, spec: dict) -> None:
+    """Body of one benchmark process; rank 0 writes the rows to ``spec["out"]`` as Arrow IPC."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # ranks share few cores: intra-op threads would only contend
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    world, ops, sizes = spec["world"], spec["ops"], spec["sizes"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
     try:
         keys = [(op, n) for op in ops for n in sizes]
-        times = _sweep([_timed_op(op, rank, n, world) for op, n in keys], iters)
-    finally:
+        times = _sweep([_timed_op(op, rank, n, world) for op, n in keys], spec["iters"])
         dist.barrier()
+    finally:
         dist.destroy_process_group()
     if rank == 0:
         rows = {"op": [op for op, _ in keys], "gpus": [2 if op == "send" else world for op, _ in keys],
                 "bytes": [n for _, n in keys], "time_us": times}
         table = pa.Table.from_pydict(rows, schema=BENCH_SCHEMA)
-        with pa.OSFile(out_path, "wb") as sink, pa.ipc.new_file(sink, BENCH_SCHEMA) as writer:
+        with pa.OSFile(spec["out"], "wb") as sink, pa.ipc.new_file(sink, BENCH_SCHEMA) as writer:
             writer.write_table(table)
 
 
-def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS) -> pa.Table:
+def _launch(spec: dict, tmp: Path) -> list[subprocess.Popen]:
+    """Start one worker process per rank (``python -m echo.network.gloo_bench RANK SPEC``).
+
+    Fresh interpreters rather than multiprocessing's spawn: spawn re-imports the caller's
+    ``__main__``, which breaks callers such as Snakemake scripts."""
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",  # loopback only
+               PYTHONPATH=os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
+    procs = []
+    for rank in range(spec["world"]):
+        log = (tmp / f"rank{rank}.log").open("w")
+        procs.append(subprocess.Popen([sys.executable, "-m", "echo.network.gloo_bench", str(rank), json.dumps(spec)],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen], tmp: Path, timeout_s: float) -> None:
+    """Wait for every rank; on a failure or a timeout stop the others and say why."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        for rank, proc in enumerate(procs):
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            if code != 0:
+                tail = (tmp / f"rank{rank}.log").read_text()[-2000:]
+                raise RuntimeError(f"gloo benchmark rank {rank} exited with {code}:\n{tail}")
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"gloo benchmark did not finish within {timeout_s:.0f} s") from exc
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS,
+                       timeout_s: float = _TIMEOUT_S) -> pa.Table:
     """Benchmark ``ops`` with ``calibration.ranks`` gloo processes on 127.0.0.1.
 
     Returns a table (op, gpus, bytes, time_us); ``gpus`` is the group size (2 for send).
     """
-    import torch.multiprocessing as mp
-
-    world = calibration.ranks
-    if world < 2:
+    if calibration.ranks < 2:
         raise ValueError("gloo benchmark needs calibration.ranks >= 2")
-    ops = [op for op in ops if op != "send" or world >= 2]
-    sizes = sweep_sizes(calibration.min_bytes, calibration.max_bytes, world)
-    # Loopback only: the benchmark must not depend on (or touch) any real network interface.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with tempfile.TemporaryDirectory(prefix="echo-gloo-") as tmp:
-        out_path = str(Path(tmp) / "bench.arrow")
-        mp.spawn(_worker, args=(world, _free_port(), tuple(ops), tuple(sizes), calibration.iters, out_path),
-                 nprocs=world, join=True)
-        with pa.memory_map(out_path) as source:
+    unknown = set(ops) - set(BENCH_OPS)
+    if unknown:
+        raise ValueError(f"gloo benchmark: unsupported ops {sorted(unknown)}; supported: {BENCH_OPS}")
+    sizes = sweep_sizes(calibration.min_bytes, calibration.max_bytes, calibration.ranks)
+    held = sum(sizes) * sum(_HELD_PER_BYTE[op] for op in ops)
+    if held > _MAX_HELD_BYTES:
+        raise ValueError(f"gloo benchmark: sizes up to calibration.max_bytes={calibration.max_bytes} would hold "
+                         f"{held / 2**30:.1f} GiB per rank (limit {_MAX_HELD_BYTES / 2**30:.0f} GiB)")
+    with tempfile.TemporaryDirectory(prefix="echo-gloo-") as tmp_name:
+        tmp = Path(tmp_name)
+        spec = {"world": calibration.ranks, "port": _free_port(), "ops": list(ops), "iters": calibration.iters,
+                "sizes": sizes, "out": str(tmp / "bench.arrow")}
+        _wait(_launch(spec, tmp), tmp, timeout_s)
+        with pa.memory_map(spec["out"]) as source:
             return pa.ipc.open_file(source).read_all()
+
+
+if __name__ == "__main__":  # a worker started by _launch
+    _worker(int(sys.argv[1]), json.loads(sys.argv[2]))

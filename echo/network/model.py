@@ -1,0 +1,137 @@
+"""The network model the simulator queries: collective time on a topology, NCCL-style.
+
+``NetworkModel(topology).estimate("all_reduce", group=[0, 1, ..., 7], nbytes=1 << 30)`` returns an
+``Estimate`` (time, algbw, busbw, algorithm, protocol). Sizes follow nccl-tests (``bytes`` in
+COMMS): the all-reduce buffer, the whole all-gather output, the whole reduce-scatter input.
+The formulas live in ``echo.network.costs``; this module adds placement, caching and the
+``network.json`` file that the calibrate stage writes and the simulate stage reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from pathlib import Path
+
+import numpy as np
+
+from echo.artifacts import RESULTS
+from echo.config import Topology, load_topology
+from echo.io import write_json
+from echo.network import costs
+from echo.network.costs import NetworkParams, Shape, best, bus_factor, candidates
+
+SOURCES = ("nominal", "fitted")
+_CACHE_SIZE = 1 << 16
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One collective's predicted cost; bandwidths in nccl-tests' sense (GB/s = 1e9 B/s)."""
+
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+    algorithm: str   # ring | tree | nvls | direct | p2p | none (group of one)
+    protocol: str    # LL | simple | none
+
+
+class NetworkModel:
+    """Collective costs on one topology, from its nominal figures or from fitted parameters."""
+
+    def __init__(self, topology: Topology, params: NetworkParams | None = None,
+                 source: str = "nominal", fit: dict | None = None):
+        if source not in SOURCES:
+            raise ValueError(f"network model source must be one of {SOURCES}, got '{source}'")
+        self.topology = topology
+        self.params = params or NetworkParams.from_topology(topology)
+        self.source = source
+        self.fit = fit or {}  # what the fit saw and how well it matched (kept in network.json)
+        # Per-instance caches, so that a model with other parameters never reads a stale entry:
+        # group -> shape, (op, shape) -> candidates, (op, shape, bytes) -> Estimate.
+        self._group_shape = lru_cache(maxsize=_CACHE_SIZE)(partial(Shape.of_group, gpus_per_node=topology.gpus_per_node))
+        self._candidates = lru_cache(maxsize=_CACHE_SIZE)(partial(candidates, self.params))
+        self._cached = lru_cache(maxsize=_CACHE_SIZE)(self._estimate_shape)
+
+    # --- placement --------------------------------------------------------------------
+    def shape(self, group: Sequence[int] | None = None, gpus: int | None = None) -> Shape:
+        """Placement shape of ``group`` (global ranks) or of ranks 0..gpus-1."""
+        if (group is None) == (gpus is None):
+            raise ValueError("give exactly one of group= (global ranks) or gpus=")
+        if group is not None:
+            return self._group_shape(tuple(group))
+        return Shape.of_first(int(gpus), self.topology.gpus_per_node)
+
+    # --- queries ----------------------------------------------------------------------
+    def estimate(self, op: str, group: Sequence[int] | None = None, *, gpus: int | None = None,
+                 nbytes: int) -> Estimate:
+        """Cost of one ``op`` of ``nbytes`` on ``group`` (or on ranks 0..gpus-1); cached."""
+        return self._cached(op, self.shape(group, gpus), int(nbytes))
+
+    def time_us(self, op: str, group: Sequence[int] | None = None, *, gpus: int | None = None,
+                nbytes: np.ndarray | Sequence[int]) -> np.ndarray:
+        """Vectorised time in microseconds for many sizes of one op on one group."""
+        times, _ = costs.predict(self.params, op, self.shape(group, gpus), np.asarray(nbytes))
+        return times
+
+    def predict(self, op: str, shape: Shape, nbytes: np.ndarray) -> dict[str, np.ndarray | list]:
+        """Columns (time_us, algbw_GBps, busbw_GBps, algorithm, protocol) for many sizes."""
+        sizes = np.asarray(nbytes, dtype=np.float64)
+        times, chosen = costs.predict(self.params, op, shape, sizes)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            algbw = np.where(times > 0, sizes / (times * 1e3), 0.0)
+        return {
+            "time_us": times, "algbw_GBps": algbw,
+            "busbw_GBps": algbw * (bus_factor(op, shape.gpus) if shape.gpus > 1 else 0.0),
+            "algorithm": [c.algorithm for c in chosen], "protocol": [c.protocol for c in chosen],
+        }
+
+    def _estimate_shape(self, op: str, shape: Shape, nbytes: int) -> Estimate:
+        time_us, chosen = best(self._candidates(op, shape), nbytes)
+        algbw = nbytes / (time_us * 1e3) if time_us > 0 else 0.0
+        busbw = algbw * bus_factor(op, shape.gpus) if shape.gpus > 1 else 0.0
+        return Estimate(time_us, algbw, busbw, chosen.algorithm, chosen.protocol)
+
+    # --- persistence ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"source": self.source, "topology": self.topology.model_dump(mode="json"),
+                "params": self.params.to_dict(), "fit": self.fit}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> NetworkModel:
+        topo = Topology.model_validate(data["topology"])
+        return cls(topo, NetworkParams.from_dict(data["params"]), data["source"], data.get("fit"))
+
+    def save(self, path: str | Path) -> None:
+        write_json(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> NetworkModel:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def model_for(topology_name: str, results: str | Path = RESULTS, config_root: Path | None = None) -> NetworkModel:
+    """The calibrated model of a topology if calibrate has run for this very config, else nominal.
+
+    A network.json written for an older version of the topology file is ignored: its fit
+    describes a network that no longer exists."""
+    topo = load_topology(topology_name, root=config_root)
+    path = Path(results) / "calibrate" / topology_name / "network.json"
+    if path.is_file():
+        model = NetworkModel.load(path)
+        if model.topology == topo:
+            return model
+    return NetworkModel(topo)
+
+
+def collective_main(topology_name: str, op: str, gpus: int, nbytes: int, *,
+                    results: str | Path = RESULTS, config_root: Path | None = None) -> dict:
+    """``python -m echo collective``: one collective on ranks 0..gpus-1, as a JSON-able dict."""
+    model = model_for(topology_name, results, config_root)
+    est = model.estimate(op, gpus=gpus, nbytes=nbytes)
+    shape = model.shape(gpus=gpus)
+    return {"topology": topology_name, "op": op, "gpus": gpus, "nodes": shape.nodes, "bytes": nbytes,
+            "time_us": est.time_us, "algbw_GBps": est.algbw_GBps, "busbw_GBps": est.busbw_GBps,
+            "algorithm": est.algorithm, "protocol": est.protocol, "source": model.source}

@@ -1,0 +1,269 @@
+"""Network model and calibrate stage: sanity targets, reference data, a real gloo fit, round trips."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from echo.artifacts import COLLECTIVES
+from echo.config import load_topology
+from echo.network import NetworkModel, collective_main, run_calibrate
+from echo.network import calibrate as calibrate_mod
+from echo.network.costs import OPS, NetworkParams, Shape, candidates
+from echo.network.fit import fit_params
+from echo.network.gloo_bench import BENCH_SCHEMA, run_gloo_benchmark, sweep_sizes
+
+_ROOT = Path(__file__).resolve().parents[1]
+# published measurements: shared/ inside the checkout, or beside it
+REFERENCE = next((p for p in (_ROOT / "shared" / "reference", _ROOT.parent / "shared" / "reference")
+                  if p.is_dir()), _ROOT.parent / "shared" / "reference")
+GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
+
+
+@pytest.fixture(scope="module")
+def a100() -> NetworkModel:
+    return NetworkModel(load_topology("dgx-a100-hdr"))
+
+
+@pytest.fixture(scope="module")
+def h100() -> NetworkModel:
+    return NetworkModel(load_topology("dgx-h100-ndr"))
+
+
+@pytest.fixture(scope="module")
+def gloo_bench() -> pa.Table:
+    """One real benchmark run (a few seconds), shared by the tests that need measurements."""
+    return run_gloo_benchmark(load_topology("local-gloo").calibration)
+
+
+def _reference(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(size_bytes, time_us) of a reference all-reduce CSV; time from algbw where not given."""
+    rows = list(csv.DictReader((REFERENCE / name).open()))
+    sizes = np.array([float(r["size_bytes"]) for r in rows])
+    if "time_us" in rows[0]:
+        return sizes, np.array([float(r["time_us"]) for r in rows])
+    return sizes, sizes / (np.array([float(r["algbw_GBps"]) for r in rows]) * 1e3)
+
+
+# --- sanity targets -----------------------------------------------------------------------
+
+def test_a100_node_allreduce_large_busbw(a100):
+    est = a100.estimate("all_reduce", gpus=8, nbytes=GIB)
+    assert 200 <= est.busbw_GBps <= 240  # nccl_allreduce_a100_8gpu.csv: 229 GB/s
+    assert est.algorithm == "ring" and est.protocol == "simple"
+
+
+def test_small_message_latency_floor(a100, h100):
+    for model in (a100, h100):
+        est = model.estimate("all_reduce", gpus=8, nbytes=KIB)
+        assert 10 <= est.time_us <= 100  # tens of microseconds, as measured (31-44 us)
+    assert a100.estimate("all_reduce", gpus=8, nbytes=KIB).protocol == "LL"
+
+
+def test_multi_node_allreduce_busbw(a100):
+    est = a100.estimate("all_reduce", gpus=32, nbytes=GIB)
+    assert 170 <= est.busbw_GBps <= 215  # NCCL maintainers: ~192 GB/s on DGX A100 + 8x HDR
+
+
+def test_h100_nvls_large_allreduce(h100):
+    for size in (GIB, 16 * GIB):
+        est = h100.estimate("all_reduce", gpus=8, nbytes=size)
+        assert est.algorithm == "nvls"
+        assert 450 <= est.busbw_GBps <= 480  # nccl_allreduce_h200_8gpu.csv: 464-482 GB/s
+    ring = [c for c in candidates(h100.params, "all_reduce", Shape(8, 1, 8)) if c.algorithm == "ring"]
+    assert ring, "ring stays a candidate where NVLS exists"
+
+
+@pytest.mark.parametrize("name, topology, bound", [
+    ("nccl_allreduce_a100_8gpu.csv", "dgx-a100-hdr", 0.15),
+    ("nccl_allreduce_h200_8gpu.csv", "dgx-h100-ndr", 0.12),
+])
+def test_reference_allreduce_error(name, topology, bound):
+    """Mean absolute relative time error over sizes >= 1 MiB (A100 ~11%, H200 ~9% at writing)."""
+    sizes, measured = _reference(name)
+    keep = sizes >= MIB
+    model = NetworkModel(load_topology(topology))
+    predicted = model.time_us("all_reduce", gpus=8, nbytes=sizes[keep])
+    rel = np.abs(predicted - measured[keep]) / measured[keep]
+    assert rel.mean() < bound
+
+
+# --- conventions and structure ------------------------------------------------------------
+
+def test_bandwidth_conventions(a100):
+    n, size = 8, 256 * MIB
+    for op, factor in [("all_reduce", 2 * (n - 1) / n), ("all_gather", (n - 1) / n),
+                       ("reduce_scatter", (n - 1) / n), ("all_to_all", (n - 1) / n),
+                       ("broadcast", 1.0), ("reduce", 1.0)]:
+        est = a100.estimate(op, gpus=n, nbytes=size)
+        assert est.algbw_GBps == pytest.approx(size / est.time_us / 1e3)
+        assert est.busbw_GBps == pytest.approx(est.algbw_GBps * factor)
+    send = a100.estimate("send", [0, 1], nbytes=size)
+    assert send.algorithm == "p2p" and send.busbw_GBps == pytest.approx(send.algbw_GBps)
+
+
+def test_trivial_groups_cost_nothing(a100):
+    assert a100.estimate("all_reduce", [5], nbytes=GIB).time_us == 0.0
+    assert a100.estimate("all_reduce", gpus=8, nbytes=0).time_us == 0.0
+
+
+def test_placement_shapes(a100):
+    assert a100.shape([8, 9, 10, 11]) == Shape(4, 1, 4)
+    assert a100.shape([0, 8, 16, 24]) == Shape(4, 4, 1)
+    assert a100.shape(gpus=20) == Shape(20, 3, 4)
+    assert a100.estimate("all_reduce", list(range(8, 16)), nbytes=MIB) == a100.estimate(
+        "all_reduce", gpus=8, nbytes=MIB)
+    # the same four ranks spread over four nodes share NICs, not NVLink: slower
+    inside = a100.estimate("all_reduce", [0, 1, 2, 3], nbytes=GIB)
+    across = a100.estimate("all_reduce", [0, 8, 16, 24], nbytes=GIB)
+    assert across.time_us > 2 * inside.time_us
+    assert a100.estimate("send", [0, 8], nbytes=GIB).time_us > a100.estimate("send", [0, 1], nbytes=GIB).time_us
+
+
+def test_tuner_picks_the_fastest_candidate(a100):
+    shape = Shape(128, 16, 8)
+    for size in (64 * KIB, 16 * GIB):
+        est = a100.estimate("all_reduce", gpus=128, nbytes=size)
+        times = {(c.algorithm, c.protocol): c.latency_us + c.traffic * size / c.bytes_per_us
+                 for c in candidates(a100.params, "all_reduce", shape)}
+        assert est.time_us == pytest.approx(min(times.values()))
+        assert times[(est.algorithm, est.protocol)] == pytest.approx(est.time_us)
+    assert a100.estimate("all_reduce", gpus=128, nbytes=64 * KIB).algorithm == "tree"  # log(nodes) latency
+    assert a100.estimate("all_reduce", gpus=128, nbytes=16 * GIB).algorithm == "ring"  # less traffic
+
+
+def test_time_grows_with_size_and_vectorises(a100):
+    sizes = np.array([KIB << i for i in range(25)])
+    for op in OPS:
+        times = a100.time_us(op, gpus=2 if op in ("send", "recv") else 16, nbytes=sizes)
+        assert np.all(np.diff(times) >= 0), op
+        assert times[-1] == pytest.approx(
+            a100.estimate(op, gpus=2 if op in ("send", "recv") else 16, nbytes=int(sizes[-1])).time_us)
+
+
+def test_estimates_are_cached(a100):
+    before = a100._cached.cache_info().hits
+    first = a100.estimate("reduce_scatter", gpus=64, nbytes=3 * MIB)
+    assert a100.estimate("reduce_scatter", list(range(64)), nbytes=3 * MIB) is first
+    assert a100._cached.cache_info().hits == before + 1
+
+
+def test_bad_queries_are_refused(a100):
+    with pytest.raises(ValueError, match="unknown collective"):
+        a100.estimate("allreduce", gpus=8, nbytes=1)
+    with pytest.raises(ValueError, match="exactly one"):
+        a100.estimate("all_reduce", [0, 1], gpus=2, nbytes=1)
+
+
+# --- persistence and the stage ------------------------------------------------------------
+
+def test_save_load_round_trip(tmp_path, a100):
+    topo = load_topology("local-gloo")
+    fitted = replace(NetworkParams.from_topology(topo), intra_lat_us=123.0, ll_bw_fraction=0.0,
+                     op_links={"send": {"latency_us": 90.0, "bandwidth_GBps": 3.5}})
+    for model in (a100, NetworkModel(topo, fitted, "fitted", {"note": [1, 2]})):
+        model.save(tmp_path / "network.json")
+        loaded = NetworkModel.load(tmp_path / "network.json")
+        assert loaded.topology == model.topology and loaded.params == model.params
+        assert loaded.source == model.source and loaded.fit == model.fit
+        for op in ("all_reduce", "send"):
+            assert loaded.estimate(op, gpus=2, nbytes=MIB) == model.estimate(op, gpus=2, nbytes=MIB)
+    assert json.loads((tmp_path / "network.json").read_text())["source"] == "fitted"
+
+
+def test_calibrate_nominal(tmp_path):
+    run_calibrate(load_topology("dgx-h100-ndr"), tmp_path)
+    table = pq.read_table(tmp_path / "collectives.parquet")
+    assert set(COLLECTIVES.names) <= set(table.column_names)
+    rows = table.to_pylist()
+    assert {r["op"] for r in rows} == set(OPS)
+    assert {r["source"] for r in rows} == {"model"} and all(r["measured_time_us"] is None for r in rows)
+    assert {(r["gpus"], r["nodes"]) for r in rows if r["op"] == "all_gather"} >= {(2, 1), (8, 1), (128, 16), (16, 16)}
+    assert min(r["bytes"] for r in rows) == KIB and max(r["bytes"] for r in rows) == 16 * GIB
+    nvls = [r for r in rows if r["op"] == "all_reduce" and r["gpus"] == 8 and r["nodes"] == 1 and r["bytes"] == GIB]
+    assert nvls[0]["algorithm"] == "nvls"
+    assert NetworkModel.load(tmp_path / "network.json").source == "nominal"
+
+
+def test_collective_main(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no results/ here: the nominal model answers
+    out = collective_main("dgx-a100-hdr", "all_reduce", 16, GIB)
+    assert out["source"] == "nominal" and out["nodes"] == 2 and out["bytes"] == GIB
+    assert json.loads(json.dumps(out)) == out
+    topo = load_topology("local-gloo")
+    path = tmp_path / "results" / "calibrate" / "local-gloo" / "network.json"
+    params = NetworkParams.from_topology(topo)
+    NetworkModel(topo, replace(params, intra_lat_us=1.0), "fitted").save(path)
+    assert collective_main("local-gloo", "all_reduce", 2, KIB)["source"] == "fitted"
+    stale = topo.model_copy(update={"gpus_per_node": 32})
+    NetworkModel(stale, params, "fitted").save(path)
+    assert collective_main("local-gloo", "all_reduce", 2, KIB)["source"] == "nominal"
+
+
+# --- the real gloo benchmark and the fit --------------------------------------------------
+
+def test_gloo_benchmark_table(gloo_bench):
+    cal = load_topology("local-gloo").calibration
+    assert gloo_bench.schema == BENCH_SCHEMA
+    rows = gloo_bench.to_pylist()
+    sizes = sweep_sizes(cal.min_bytes, cal.max_bytes, cal.ranks)
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "send"}
+    assert sorted({r["bytes"] for r in rows}) == sizes
+    assert all(r["time_us"] > 0 for r in rows)
+    big = {r["op"]: r["time_us"] for r in rows if r["bytes"] == sizes[-1]}
+    small = {r["op"]: r["time_us"] for r in rows if r["bytes"] == sizes[0]}
+    assert all(big[op] > small[op] for op in big)  # 4096x the bytes is not free, even on loopback
+
+
+def _held_out_errors(bench: pa.Table) -> np.ndarray:
+    """Fit on the even-indexed sizes of ``bench``; relative errors on the odd-indexed ones."""
+    topo = load_topology("local-gloo")
+    sizes = sorted(set(bench["bytes"].to_pylist()))
+    is_train = pc.is_in(bench["bytes"], value_set=pa.array(sizes[::2], pa.int64()))
+    params, summary = fit_params(NetworkParams.from_topology(topo), bench.filter(is_train))
+    model = NetworkModel(topo, params, "fitted", summary)
+    errors = []
+    for row in bench.filter(pc.invert(is_train)).to_pylist():
+        predicted = model.estimate(row["op"], gpus=row["gpus"], nbytes=row["bytes"]).time_us
+        errors.append(abs(predicted - row["time_us"]) / row["time_us"])
+    assert len(errors) == 3 * (len(sizes) // 2)
+    return np.array(errors)
+
+
+def _close(errors: np.ndarray) -> bool:
+    # the median over all held-out points, and most points (not just the median) near
+    return np.median(errors) < 0.25 and np.mean(errors < 0.5) >= 0.75
+
+
+def test_gloo_fit_predicts_held_out_sizes(gloo_bench):
+    """Fit on even-indexed sizes, predict the odd ones (typically 5-10% median error here).
+
+    These are real measurements on a machine other jobs may share: a process saturating a
+    core for the few seconds of the run inflates many samples at once, so one re-measurement
+    is allowed before judging; the bound itself is not loosened."""
+    errors = _held_out_errors(gloo_bench)
+    if not _close(errors):
+        errors = _held_out_errors(run_gloo_benchmark(load_topology("local-gloo").calibration))
+    assert _close(errors), f"held-out relative errors {np.round(errors, 2)}"
+
+
+def test_calibrate_gloo_fits_and_records_measurements(tmp_path, monkeypatch, gloo_bench):
+    monkeypatch.setattr(calibrate_mod, "run_gloo_benchmark", lambda cal: gloo_bench)
+    run_calibrate(load_topology("local-gloo"), tmp_path)
+    model = NetworkModel.load(tmp_path / "network.json")
+    assert model.source == "fitted" and model.params.op_links["all_reduce"]["bandwidth_GBps"] > 0
+    table = pq.read_table(tmp_path / "collectives.parquet").to_pylist()
+    assert {r["source"] for r in table} == {"fitted"}
+    measured = [r for r in table if r["measured_time_us"] is not None]
+    assert {r["op"] for r in measured} == {"all_reduce", "all_gather", "send", "recv"}
+    assert all(r["gpus"] == 2 and r["nodes"] == 1 for r in measured)
+    rel = [abs(r["time_us"] - r["measured_time_us"]) / r["measured_time_us"] for r in measured]
+    assert np.median(rel) < 0.25
