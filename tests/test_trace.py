@@ -160,3 +160,28 @@ def test_recompute_replays_forward_ops_in_backward(recompute, tmp_path):
     else:  # every layer's forward again, with its two TP all-reduces
         assert pc.sum(re["flops"]).as_py() == pytest.approx(analytic_flops(L, 2, False) / 3, rel=1e-9)
         assert pc.sum(pc.equal(comms["phase"], "recompute")).as_py() == 2 * L
+
+
+def test_sequence_parallel_turns_all_reduces_into_gather_and_scatter(tmp_path):
+    w = workload(tp=2, pp=2, sequence_parallel=True)
+    tables = trace_ranks(w, [0], tmp_path)
+    comms, layers = tables["comms"], L // 2
+    activation = B * S * H * 2  # bf16, whole sequence: nccl-tests counts gather output / scatter input
+
+    def count(op, phase):
+        return sum(1 for r in comms.to_pylist()
+                   if (r["op"], r["phase"], r["group_kind"], r["bytes"]) == (op, phase, "tp", activation))
+
+    # per layer: all-gather before QKV and fc1, reduce-scatter after proj and fc2; + the embedding
+    assert count("all_gather", "forward") == 2 * layers
+    assert count("reduce_scatter", "forward") == 2 * layers + 1
+    assert count("all_gather", "backward") == 2 * layers + 1
+    assert count("reduce_scatter", "backward") == 2 * layers
+    assert not any(r["op"] == "all_reduce" and r["phase"] in ("forward", "backward") for r in comms.to_pylist())
+    # stages exchange their sequence shard
+    p2p = [r["bytes"] for r in comms.to_pylist() if r["group_kind"] == "pp"]
+    assert p2p == [activation // 2, activation // 2]
+    # norm weights + biases (2 per layer) and the position embedding saw 1/tp of the sequence:
+    # their gradients are all-reduced over tp once per step
+    norm = [r for r in comms.to_pylist() if r["phase"] == "grad_sync" and r["group_kind"] == "tp"]
+    assert [r["bytes"] for r in norm] == [4 * (layers * 4 * H + S * H)]

@@ -74,9 +74,33 @@ def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int) -> Me
     return MemoryModel(param_bytes=pbytes * numel, grad_bytes=grad, optimizer_bytes=optim)
 
 
-def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], dp_group, dp: int, zero: int,
-                       param_dtype: torch.dtype) -> None:
-    """Record the gradient reduction (phase grad_sync) and the optimizer step (phase optimizer)."""
+def tp_partial_grad_numel(modules: list[nn.Module], sequence_parallel: bool) -> int:
+    """Elements of gradients that each tensor-parallel rank holds only a part of: the norms (and
+    position embedding) under sequence parallelism, which saw 1/tp of the sequence each."""
+    if not sequence_parallel:
+        return 0
+    n = 0
+    for m in modules:
+        for name, p in m.named_parameters():
+            g = p.grad
+            partial = isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements)
+            n += p.to_local().numel() if partial else (p.numel() if name.startswith("pos_emb") else 0)
+    return n
+
+
+def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype) -> None:
+    """Record the gradient reduction (phase grad_sync) and the optimizer step (phase optimizer).
+
+    ``groups`` maps mesh dimension (tp, dp, ...) to this rank's process group (None when of size
+    1); ``parallel`` is the workload's ParallelConfig."""
+    dp, zero, dp_group = parallel.dp, parallel.zero, groups["dp"]
+    partial = tp_partial_grad_numel(modules, parallel.sequence_parallel)
+    if partial and groups["tp"] is not None:
+        # Megatron all-reduces sequence-parallel norm gradients over tp in one coalesced buffer
+        with rec.muted():
+            buf = torch.empty(partial, dtype=torch.float32)
+        with rec.phase("grad_sync", blocking=True):
+            funcol.wait_tensor(funcol.all_reduce(buf, "sum", groups["tp"]))
     numels = [p.numel() for p in local_params(modules)]
     sizes = buckets(numels, dp)
     shards = [s // dp if zero >= 1 else s for s in sizes]

@@ -97,14 +97,19 @@ class GPTChunk(nn.Module):
             self.tok_emb = nn.Embedding(cfg.vocab, cfg.hidden)
             self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg, recompute, hook) for _ in range(n_layers))
+        # (shard index, shards) of the sequence this rank holds; set by sequence parallelism
+        self.seq_shard = (0, 1)
         if last:
             self.ln_f = nn.LayerNorm(cfg.hidden)
             self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            pos = torch.arange(x.shape[1], device=x.device)
-            x = self.tok_emb(x) + self.pos_emb(pos)
+            x = self.tok_emb(x)
+            # under sequence parallelism x holds one shard of the sequence: its own positions
+            index, _ = self.seq_shard
+            pos = torch.arange(x.shape[1], device=x.device) + index * x.shape[1]
+            x = x + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)
         if self.last:

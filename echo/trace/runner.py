@@ -25,7 +25,6 @@ _UNSUPPORTED = [  # (condition, key, reason): refused before any process starts
     (lambda w: w.model.arch != "gpt", "model.arch", "only the gpt reference model is traced so far"),
     (lambda w: w.model.experts > 0, "model.experts", "mixture-of-experts tracing is not implemented yet"),
     (lambda w: w.parallel.cp > 1, "parallel.cp", "context parallelism is not traced yet"),
-    (lambda w: w.parallel.sequence_parallel, "parallel.sequence_parallel", "sequence parallelism is not traced yet"),
     (lambda w: w.parallel.zero == 3, "parallel.zero", "ZeRO 3 / FSDP tracing is not implemented yet"),
 ]
 

@@ -105,11 +105,11 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
             mesh = DeviceMesh.from_group(groups["tp"], "cpu")
             with rec.muted():
                 for c in chunks:
-                    apply_tensor_parallel(c, mesh)
+                    apply_tensor_parallel(c, mesh, p.sequence_parallel)
         meter = _ActivationMeter(data_parallel.local_params(chunks))
         with rec:
             _microbatch(w, layout, rank, rec, chunks, meter, dtype)
-            data_parallel.grad_sync_and_step(rec, chunks, groups["dp"], p.dp, p.zero, dtype)
+            data_parallel.grad_sync_and_step(rec, chunks, groups, p, dtype)
         numel = sum(t.numel() for t in data_parallel.local_params(chunks))
         mem = data_parallel.memory_model(numel, dtype, p.zero, p.dp)
         c = layout.coords(rank)
@@ -126,14 +126,16 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
 
 def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
     """Forward of every chunk, then backward in reverse, with pipeline p2p around each."""
-    b, s, h, v = w.training.micro_batch, w.model.seq_len, w.model.hidden, w.parallel.virtual_stages
+    b, h, v = w.training.micro_batch, w.model.hidden, w.parallel.virtual_stages
+    # the activation between stages is this rank's sequence shard under sequence parallelism
+    s = w.model.seq_len // (w.parallel.tp if w.parallel.sequence_parallel else 1)
     outputs, inputs = [], []
     for i, chunk in enumerate(chunks):
         with rec.phase("forward", i):
             prev = _peer(layout, rank, i, -1, v)
             if prev is None:
                 with rec.muted():  # token ids come from the data loader, not a kernel
-                    x = torch.zeros(b, s, dtype=torch.long)
+                    x = torch.zeros(b, w.model.seq_len, dtype=torch.long)
             else:
                 with rec.muted():
                     x = torch.empty(b, s, h, dtype=dtype)

@@ -1,8 +1,11 @@
-"""Megatron-style tensor parallelism with PyTorch's DTensor plans.
+"""Megatron-style tensor parallelism, with or without sequence parallelism, as DTensor plans.
 
-Column-parallel QKV and fc1, row-parallel proj and fc2 (one all-reduce after attention and one
-after the MLP in forward, and their mirror in backward), a vocabulary-parallel token embedding,
+Column-parallel QKV and fc1, row-parallel proj and fc2, a vocabulary-parallel token embedding,
 and a column-parallel LM head whose logits stay sharded for a vocabulary-parallel loss.
+Without sequence parallelism the residual stream is replicated: one all-reduce after attention
+and one after the MLP in forward, mirrored in backward. With it (Korthikanti et al. 2022) the
+residual stream, norms included, holds 1/tp of the sequence: each all-reduce becomes an
+all-gather before the column-parallel GEMM and a reduce-scatter after the row-parallel one.
 """
 
 from __future__ import annotations
@@ -10,21 +13,39 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
-def apply_tensor_parallel(chunk: nn.Module, mesh: DeviceMesh) -> None:
+def _block_plan(sequence_parallel: bool) -> dict:
+    if not sequence_parallel:
+        return {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+                "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return {
+        "ln1": SequenceParallel(), "attn": gather, "attn.qkv": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+        "ln2": SequenceParallel(), "mlp": gather, "mlp.fc1": ColwiseParallel(),
+        "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def apply_tensor_parallel(chunk: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Shard ``chunk`` (a GPTChunk) in place over the 1-D tensor-parallel ``mesh``."""
+    plan = _block_plan(sequence_parallel)
     for block in chunk.blocks:
-        parallelize_module(block, mesh, {
-            "attn.qkv": ColwiseParallel(),
-            "attn.proj": RowwiseParallel(),
-            "mlp.fc1": ColwiseParallel(),
-            "mlp.fc2": RowwiseParallel(),
-        })
+        parallelize_module(block, mesh, plan)
+    seq = Shard(1) if sequence_parallel else Replicate()
+    if sequence_parallel:
+        chunk.seq_shard = (mesh.get_local_rank(), mesh.size())
     if chunk.first:
-        parallelize_module(chunk, mesh, {"tok_emb": RowwiseParallel(input_layouts=Replicate())})
+        parallelize_module(chunk, mesh, {"tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)})
     if chunk.last:
-        parallelize_module(chunk, mesh, {
-            "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
-        })
+        head = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+        final = {"ln_f": SequenceParallel()} if sequence_parallel else {}
+        parallelize_module(chunk, mesh, {**final, "head": head})
