@@ -185,3 +185,27 @@ def test_sequence_parallel_turns_all_reduces_into_gather_and_scatter(tmp_path):
     # their gradients are all-reduced over tp once per step
     norm = [r for r in comms.to_pylist() if r["phase"] == "grad_sync" and r["group_kind"] == "tp"]
     assert [r["bytes"] for r in norm] == [4 * (layers * 4 * H + S * H)]
+
+
+def llama_workload(**parallel) -> Workload:
+    d = workload(**parallel).model_dump()
+    d["model"] |= {"arch": "llama", "kv_heads": 2, "ffn_hidden": 160}
+    return Workload.model_validate(d)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_llama_flops_and_tp_collectives(sequence_parallel, tmp_path):
+    tp, kv, ffn, d = 2, 2, 160, H // HEADS
+    w = llama_workload(tp=tp, sequence_parallel=sequence_parallel)
+    tables = trace_ranks(w, [0], tmp_path)
+    ops, comms = tables["ops"], tables["comms"]
+    # per layer forward: q and o projections 2*2bsh^2, k and v 2*2bsh*kv*d (GQA),
+    # SwiGLU 3*2bsh*ffn, attention 4bs^2h; backward twice that; the LM head 6bshV
+    per_layer = 2 * B * S * (2 * H * H + 2 * H * kv * d + 3 * H * ffn) + 4 * B * S * S * H
+    expected = (3 * L * per_layer + 6 * B * S * H * V) / tp
+    assert pc.sum(ops["flops"]).as_py() == pytest.approx(expected, rel=1e-9)
+    ops_by_kind = {r["op"] for r in comms.to_pylist() if r["group_kind"] == "tp" and r["phase"] == "forward"}
+    assert ops_by_kind == ({"all_gather", "reduce_scatter", "all_reduce"} if sequence_parallel else {"all_reduce"})
+    # no position embedding: RoPE is elementwise work inside attention
+    forward = ops.filter(pc.equal(ops["phase"], "forward"))["name"].to_pylist()
+    assert forward.count("aten.embedding.default") == 1

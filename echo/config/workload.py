@@ -18,7 +18,7 @@ class ModelConfig(BaseModel):
     hidden: PositiveInt = Field(description="model width h")
     heads: PositiveInt = Field(description="attention heads")
     kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); default = heads")
-    ffn_hidden: PositiveInt | None = Field(None, description="MLP width; default 4*hidden for gpt")
+    ffn_hidden: PositiveInt | None = Field(None, description="MLP width; default 4*hidden for gpt, 8/3*hidden rounded up to 256 for llama")
     vocab: PositiveInt = Field(description="vocabulary size")
     seq_len: PositiveInt = Field(description="tokens per sequence")
     experts: int = Field(0, ge=0, description="> 0 makes the MLP a mixture of experts")
@@ -30,7 +30,11 @@ class ModelConfig(BaseModel):
 
     @property
     def ffn(self) -> int:
-        return self.ffn_hidden or 4 * self.hidden
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.arch == "llama":  # SwiGLU's 2/3 of 4h, rounded up to a multiple of 256 (Llama's rule)
+            return -(-(8 * self.hidden // 3) // 256) * 256
+        return 4 * self.hidden
 
     @property
     def head_dim(self) -> int:

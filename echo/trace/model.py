@@ -1,7 +1,9 @@
-"""The GPT reference model (learned positions, GELU MLP, LayerNorm), built one pipeline chunk at a time.
+"""The reference models, built one pipeline chunk at a time: ``gpt`` (learned positions, GELU MLP,
+LayerNorm) and ``llama`` (RoPE, SwiGLU, RMSNorm, grouped-query attention; see llama.py).
 
 Plain PyTorch modules; tensor parallelism is applied afterwards with PyTorch's own DTensor
-plans (see tensor_parallel.py), so the attention code works on whatever heads are local.
+plans (tensor_parallel.py), so the attention code works on whatever heads are local. Each
+attention and MLP module names its column- and row-parallel linears (COLWISE, ROWWISE) for it.
 """
 
 from __future__ import annotations
@@ -37,13 +39,21 @@ def recomputed(fn: Callable, hook: RecomputeHook) -> Callable:
     return checkpointed
 
 
+def attention_core(q, k, v, selective: bool, hook: RecomputeHook) -> torch.Tensor:
+    """Causal attention; selective recompute (Korthikanti et al.) re-runs it inside backward."""
+    core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    return recomputed(core, hook)(q, k, v) if selective else core(q, k, v)
+
+
 class Attention(nn.Module):
+    """GPT attention: fused QKV (per-head [q, k, v] layout, as Megatron-LM) and an output projection."""
+
+    COLWISE, ROWWISE = ("qkv",), ("proj",)
+
     def __init__(self, cfg: ModelConfig, recompute: str, hook: RecomputeHook):
         super().__init__()
         self.head_dim = cfg.head_dim
-        # selective recompute (Korthikanti et al.) recomputes the attention core in backward
-        self.selective = recompute == "selective"
-        self.hook = hook
+        self.selective, self.hook = recompute == "selective", hook
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
@@ -51,12 +61,13 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         # -1: the local head count, hidden/heads/tp once qkv is column-parallel
         q, k, v = self.qkv(x).view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
-        core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-        y = recomputed(core, self.hook)(q, k, v) if self.selective else core(q, k, v)
+        y = attention_core(q, k, v, self.selective, self.hook)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Module):
+    COLWISE, ROWWISE = ("fc1",), ("fc2",)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.fc1 = nn.Linear(cfg.hidden, cfg.ffn)
@@ -66,13 +77,20 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+def _parts(cfg: ModelConfig, recompute: str, hook: RecomputeHook):
+    """(norm class, attention, MLP) of one layer of ``cfg.arch``."""
+    if cfg.arch == "llama":
+        from echo.trace import llama
+
+        return nn.RMSNorm, llama.Attention(cfg, recompute, hook), llama.MLP(cfg)
+    return nn.LayerNorm, Attention(cfg, recompute, hook), MLP(cfg)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, recompute: str = "none", hook: RecomputeHook = nullcontext):
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.attn = Attention(cfg, recompute, hook)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = MLP(cfg)
+        norm, self.attn, self.mlp = _parts(cfg, recompute, hook)
+        self.ln1, self.ln2 = norm(cfg.hidden), norm(cfg.hidden)
         self.full = recompute == "full"  # full recompute: only the layer input is kept
         self.hook = hook
 
@@ -84,10 +102,10 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPTChunk(nn.Module):
-    """Layers [first_layer, first_layer + n_layers) of the model, with the embedding on the first
-    chunk and the final norm + LM head on the last. Input: token ids (first chunk) or the previous
-    chunk's hidden states; output: hidden states, or logits on the last chunk."""
+class ModelChunk(nn.Module):
+    """A run of consecutive layers of the model, with the embedding on the first chunk and the
+    final norm + LM head on the last. Input: token ids (first chunk) or the previous chunk's
+    hidden states; output: hidden states, or logits on the last chunk."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int, *, first: bool, last: bool,
                  recompute: str = "none", hook: RecomputeHook = nullcontext):
@@ -95,23 +113,28 @@ class GPTChunk(nn.Module):
         self.first, self.last = first, last
         if first:
             self.tok_emb = nn.Embedding(cfg.vocab, cfg.hidden)
-            self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden)
+            # llama encodes positions with RoPE inside attention instead
+            self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.arch == "gpt" else None
         self.blocks = nn.ModuleList(Block(cfg, recompute, hook) for _ in range(n_layers))
         # (shard index, shards) of the sequence this rank holds; set by sequence parallelism
         self.seq_shard = (0, 1)
         if last:
-            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.ln_f = (nn.RMSNorm if cfg.arch == "llama" else nn.LayerNorm)(cfg.hidden)
             self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = self.tok_emb(x)
-            # under sequence parallelism x holds one shard of the sequence: its own positions
-            index, _ = self.seq_shard
-            pos = torch.arange(x.shape[1], device=x.device) + index * x.shape[1]
-            x = x + self.pos_emb(pos)
+            if self.pos_emb is not None:
+                # under sequence parallelism x holds one shard of the sequence: its own positions
+                index, _ = self.seq_shard
+                pos = torch.arange(x.shape[1], device=x.device) + index * x.shape[1]
+                x = x + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)
         if self.last:
             x = self.head(self.ln_f(x))
         return x
+
+
+GPTChunk = ModelChunk  # the name other modules used before llama joined

@@ -25,7 +25,7 @@ from echo.artifacts import TRACED_RANKS
 from echo.config.workload import Workload
 from echo.trace import data_parallel
 from echo.trace.layout import Layout
-from echo.trace.model import GPTChunk
+from echo.trace.model import ModelChunk
 from echo.trace.recorder import Recorder
 from echo.trace.tensor_parallel import apply_tensor_parallel
 
@@ -62,10 +62,10 @@ def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     return groups
 
 
-def _chunks(w: Workload, pp_rank: int, rec: Recorder) -> list[GPTChunk]:
+def _chunks(w: Workload, pp_rank: int, rec: Recorder) -> list[ModelChunk]:
     p = w.parallel
     per_chunk = w.model.layers // (p.pp * p.virtual_stages)
-    return [GPTChunk(w.model, per_chunk, first=pp_rank == 0 and c == 0,
+    return [ModelChunk(w.model, per_chunk, first=pp_rank == 0 and c == 0,
                      last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
                      recompute=w.training.recompute, hook=rec.recompute)
             for c in range(p.virtual_stages)]

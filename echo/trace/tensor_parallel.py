@@ -22,24 +22,25 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def _block_plan(sequence_parallel: bool) -> dict:
-    if not sequence_parallel:
-        return {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
-                "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    return {
-        "ln1": SequenceParallel(), "attn": gather, "attn.qkv": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-        "ln2": SequenceParallel(), "mlp": gather, "mlp.fc1": ColwiseParallel(),
-        "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
-    }
+def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
+    """Column-parallel input projections, row-parallel output projections of attention and MLP
+    (each module lists its own in COLWISE / ROWWISE)."""
+    out = {"output_layouts": Shard(1)} if sequence_parallel else {}
+    plan = {}
+    for part in ("attn", "mlp"):
+        module = getattr(block, part)
+        plan |= {f"{part}.{n}": ColwiseParallel() for n in module.COLWISE}
+        plan |= {f"{part}.{n}": RowwiseParallel(**out) for n in module.ROWWISE}
+    if sequence_parallel:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan |= {"ln1": SequenceParallel(), "attn": gather, "ln2": SequenceParallel(), "mlp": gather}
+    return plan
 
 
 def apply_tensor_parallel(chunk: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
-    """Shard ``chunk`` (a GPTChunk) in place over the 1-D tensor-parallel ``mesh``."""
-    plan = _block_plan(sequence_parallel)
+    """Shard ``chunk`` (a ModelChunk) in place over the 1-D tensor-parallel ``mesh``."""
     for block in chunk.blocks:
-        parallelize_module(block, mesh, plan)
+        parallelize_module(block, mesh, _block_plan(block, sequence_parallel))
     seq = Shard(1) if sequence_parallel else Replicate()
     if sequence_parallel:
         chunk.seq_shard = (mesh.get_local_rank(), mesh.size())

@@ -1,0 +1,73 @@
+"""Llama layers: rotary position embeddings, grouped-query attention and a SwiGLU MLP, without
+biases (Touvron et al. 2023; Llama 3). The block structure and norms live in model.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from echo.config.workload import ModelConfig
+from echo.trace.model import RecomputeHook, attention_core
+
+ROPE_THETA = 500_000.0  # Llama 3's base frequency
+
+
+def rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every (position, frequency), each [seq_len, head_dim]."""
+    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of channels of x [b, heads, s, d] by their position's angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: kv_heads key/value heads shared by heads/kv_heads query heads."""
+
+    COLWISE, ROWWISE = ("wq", "wk", "wv"), ("wo",)
+
+    def __init__(self, cfg: ModelConfig, recompute: str, hook: RecomputeHook):
+        super().__init__()
+        d = self.head_dim = cfg.head_dim
+        self.group = cfg.heads // cfg.kv  # query heads per key/value head
+        self.selective, self.hook = recompute == "selective", hook
+        self.wq = nn.Linear(cfg.hidden, cfg.heads * d, bias=False)
+        self.wk = nn.Linear(cfg.hidden, cfg.kv * d, bias=False)
+        self.wv = nn.Linear(cfg.hidden, cfg.kv * d, bias=False)
+        self.wo = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
+        cos, sin = rope_tables(cfg.seq_len, d)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        heads = lambda t: t.view(b, s, -1, self.head_dim).transpose(1, 2)  # noqa: E731 (local heads)
+        cos, sin = self.cos[:s], self.sin[:s]
+        q = apply_rope(heads(self.wq(x)), cos, sin)
+        k = apply_rope(heads(self.wk(x)), cos, sin)
+        v = heads(self.wv(x))
+        # each key/value head serves `group` query heads (torchtitan's repeat_kv materializes it)
+        k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
+        y = attention_core(q, k, v, self.selective, self.hook)
+        return self.wo(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    COLWISE, ROWWISE = ("w1", "w3"), ("w2",)
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w3 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
