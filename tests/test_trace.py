@@ -209,3 +209,22 @@ def test_llama_flops_and_tp_collectives(sequence_parallel, tmp_path):
     # no position embedding: RoPE is elementwise work inside attention
     forward = ops.filter(pc.equal(ops["phase"], "forward"))["name"].to_pylist()
     assert forward.count("aten.embedding.default") == 1
+
+
+def test_zero3_gathers_each_layer_twice_and_reduce_scatters_it_once(tmp_path):
+    w = workload(tp=2, pp=2, dp=2, zero=3)
+    tables = trace_ranks(w, [0], tmp_path)
+    dp = [r for r in tables["comms"].to_pylist() if r["group_kind"] == "dp"]
+    layers = L // 2
+    # one block's local parameters under tp 2: qkv, proj, fc1, fc2 (+ biases) and two norms
+    block = (3 * H * H + H * H + 4 * H * H + 4 * H * H) // 2 + (3 * H + 4 * H) // 2 + 2 * H + 4 * H
+    gathers = [(r["phase"], r["bytes"]) for r in dp if r["op"] == "all_gather"]
+    scatters = [(r["phase"], r["bytes"]) for r in dp if r["op"] == "reduce_scatter"]
+    # bf16 gathers (nccl-tests size = whole output), fp32 gradient reduce-scatters (whole input)
+    assert gathers.count(("forward", 2 * block)) == layers
+    assert gathers.count(("backward", 2 * block)) == layers
+    assert scatters.count(("backward", 4 * block)) == layers
+    assert not any(r["phase"] == "grad_sync" for r in dp)  # FSDP reduced them inside backward
+    assert all(not r["blocking"] and pc.equal(pa.scalar(r["group_size"]), 2).as_py() for r in dp)
+    r0 = tables["ranks"].to_pylist()[0]
+    assert r0["grad_bytes"] * 2 == r0["optimizer_bytes"]  # fp32 sharded grads, two fp32 moments

@@ -64,10 +64,17 @@ def buckets(numels: list[int], dp: int) -> list[int]:
     return [-(-s // dp) * dp for s in sizes]
 
 
-def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int) -> MemoryModel:
+def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsharded_peak: int = 0) -> MemoryModel:
     """Megatron's accounting: compute-dtype params, fp32 grads, fp32 Adam moments (+ fp32 master
-    weights when params are not fp32); ZeRO 1 shards optimizer state over dp, ZeRO 2 gradients too."""
+    weights when params are not fp32); ZeRO 1 shards optimizer state over dp, ZeRO 2 gradients too.
+
+    ZeRO 3 (FSDP, ``numel`` = this rank's shard): fp32 sharded parameters double as master
+    weights, fp32 sharded gradients and moments, plus ``unsharded_peak`` elements of gathered
+    compute-dtype parameters alive at once (the current and the prefetched layer)."""
     pbytes = torch.empty((), dtype=param_dtype).element_size()
+    if zero == 3:
+        return MemoryModel(param_bytes=4 * numel + pbytes * unsharded_peak, grad_bytes=4 * numel,
+                           optimizer_bytes=8 * numel)
     master = 4 if pbytes != 4 else 0
     grad = 4 * numel // (dp if zero >= 2 else 1)
     optim = (master + 8) * numel // (dp if zero >= 1 else 1)
@@ -102,15 +109,17 @@ def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], groups: dict, pa
         with rec.phase("grad_sync", blocking=True):
             funcol.wait_tensor(funcol.all_reduce(buf, "sum", groups["tp"]))
     numels = [p.numel() for p in local_params(modules)]
-    sizes = buckets(numels, dp)
-    shards = [s // dp if zero >= 1 else s for s in sizes]
+    # under ZeRO 3, FSDP already reduce-scattered each layer's gradients in backward, and the
+    # local parameters are the 1/dp shards the optimizer updates
+    sizes = buckets(numels, 1 if zero == 3 else dp)
+    shards = [s // dp if zero in (1, 2) else s for s in sizes]
     with rec.muted():
         grads = [torch.empty(s, dtype=torch.float32) for s in sizes]
     with rec.phase("grad_sync", blocking=False, stream="comm"):
         for g in grads:
             if dp > 1 and zero == 0:
                 funcol.wait_tensor(funcol.all_reduce(g, "sum", dp_group))
-            elif dp > 1:
+            elif dp > 1 and zero in (1, 2):
                 funcol.wait_tensor(funcol.reduce_scatter_tensor(g, "sum", 0, dp_group))
     with rec.muted():
         state = [[torch.zeros(n, dtype=torch.float32) for _ in range(4)] for n in shards]
@@ -119,7 +128,7 @@ def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], groups: dict, pa
         params, grad_shards, m, v = (list(x) for x in zip(*state, strict=True))
         torch._fused_adamw_(params, grad_shards, m, v, [], steps, lr=1e-4, beta1=0.9, beta2=0.95,
                             weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
-        for p in params:
+        for p in params if zero < 3 else []:  # FSDP gathers in the compute dtype itself
             half = p.to(param_dtype) if param_dtype != torch.float32 else p
             if dp > 1 and zero >= 1:
                 funcol.wait_tensor(funcol.all_gather_tensor(half, 0, dp_group))

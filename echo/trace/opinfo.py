@@ -47,6 +47,8 @@ def is_free(func) -> bool:
 
 def op_class(func) -> str:
     name = base_name(func)
+    if func.namespace == "fsdp":  # FSDP2's all-gather copy-in/out and gradient chunk_cat
+        return "copy"
     if name in _GEMM:
         return "gemm"
     if "attention" in name:

@@ -29,6 +29,14 @@ _FUNCTIONAL = {  # _c10d_functional op -> (collective, index of the group name a
     "all_to_all_single": ("all_to_all", 3), "broadcast": ("broadcast", 2),
 }
 _LEGACY_P2P = {"send": "send", "recv_": "recv"}
+# legacy c10d ops (FSDP2 and torch.distributed calls): op -> (collective, index of the buffer that
+# nccl-tests' size counts, index of the ProcessGroup argument)
+_LEGACY = {
+    "allreduce_": ("all_reduce", 0, 1), "_allgather_base_": ("all_gather", 0, 2),
+    "allgather_into_tensor_coalesced_": ("all_gather", 0, 2),
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 2), "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 2),
+    "alltoall_base_": ("all_to_all", 1, 2), "broadcast_": ("broadcast", 0, 1),
+}
 _SHARDING_PROP_DEPTH = [0]  # > 0 while DTensor propagates shapes at global size
 
 
@@ -59,6 +67,11 @@ class Context:
     blocking: bool = True       # whether collectives issued now are waited on at once
     stream: str = "compute"     # stream for collectives issued now (compute-stream ops stay on compute)
     group_kinds: dict[tuple[int, ...], str] = field(default_factory=dict)
+
+
+def _unbox(pg) -> dist.ProcessGroup:
+    """The dispatcher passes process groups to c10d ops as boxed ScriptObjects."""
+    return pg if isinstance(pg, dist.ProcessGroup) else dist.ProcessGroup.unbox(pg)
 
 
 class Recorder(FakeTensorMode):
@@ -123,6 +136,10 @@ class Recorder(FakeTensorMode):
             self._add_comm(func, args, kwargs, out, op, ranks, peer=-1)
         elif ns == "c10d" and name in _LEGACY_P2P:
             self._add_p2p(func, args, kwargs, out, _LEGACY_P2P[name])
+        elif ns == "c10d" and name in _LEGACY:
+            op, buf, gi = _LEGACY[name]
+            ranks = dist.get_process_group_ranks(_unbox(args[gi]))
+            self._add_comm(func, args, kwargs, out, op, ranks, peer=-1, buffer=args[buf])
         elif opinfo.is_free(func):
             self._alias(out, args[0] if args else None)
         else:
@@ -144,33 +161,49 @@ class Recorder(FakeTensorMode):
             src = self._producer_of(t)
             if src is not None:
                 self._dep(src, seq, "data")
-        for t in opinfo._tensors(out):
+        for t in self._written(func, args, out):
             self._producer[id(t)] = (weakref.ref(t), seq)
         return seq
 
-    def _add_comm(self, func, args, kwargs, out, op: str, ranks: list[int], peer: int) -> None:
+    def _add_comm(self, func, args, kwargs, out, op: str, ranks: list[int], peer: int, buffer=None) -> None:
+        """``buffer``: the tensor(s) whose size nccl-tests counts (default: the first argument,
+        times the group size for a functional all-gather, which passes its input)."""
         comm_id = len(self.comms["comm_id"])
         kind = "p2p" if op in ("send", "recv") else "collective"
-        stream = "p2p" if kind == "p2p" else self.ctx.stream
+        group_kind = self.ctx.group_kinds.get(tuple(ranks), "world" if len(ranks) > 2 else "pp")
+        # data-parallel traffic (ZeRO/FSDP gathers, gradient reduction) runs on its own stream,
+        # overlapped with compute; the rest (TP, CP) sits on the critical path unless told otherwise
+        overlapped = group_kind == "dp"
+        stream = "p2p" if kind == "p2p" else ("comm" if overlapped else self.ctx.stream)
         seq = self._add_op(func, args, kwargs, out, kind=kind, op_class=kind, stream=stream, comm_id=comm_id)
-        t = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
-        nbytes = opinfo.tensor_bytes(t) * (len(ranks) if op == "all_gather" else 1)
+        if buffer is None:
+            t = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
+            nbytes = opinfo.tensor_bytes(t) * (len(ranks) if op == "all_gather" else 1)
+        else:
+            ts = opinfo._tensors(buffer)
+            t, nbytes = ts[0], sum(opinfo.tensor_bytes(x) for x in ts)
+        blocking = (self.ctx.blocking and not overlapped) if kind == "collective" else op == "recv"
         row = dict(rank=self.rank, comm_id=comm_id, seq=seq, op=op, group=list(ranks), group_size=len(ranks),
-                   group_kind=self.ctx.group_kinds.get(tuple(ranks), "world" if len(ranks) > 2 else "pp"),
-                   bytes=nbytes, peer=peer, dtype=str(t.dtype).removeprefix("torch."), phase=self.ctx.phase,
-                   chunk=self.ctx.chunk, blocking=self.ctx.blocking if kind == "collective" else op == "recv")
+                   group_kind=group_kind, bytes=nbytes, peer=peer, dtype=str(t.dtype).removeprefix("torch."),
+                   phase=self.ctx.phase, chunk=self.ctx.chunk, blocking=blocking)
         for k, v in row.items():
             self.comms[k].append(v)
 
     def _add_p2p(self, func, args, kwargs, out, op: str) -> None:
-        pg, peer_in_group = args[1], args[2]
-        if not isinstance(pg, dist.ProcessGroup):  # the dispatcher passes a boxed ScriptObject
-            pg = dist.ProcessGroup.unbox(pg)
+        pg, peer_in_group = _unbox(args[1]), args[2]
         ranks = dist.get_process_group_ranks(pg)
         peer = ranks[peer_in_group]
         self._add_comm(func, args, kwargs, out, op, sorted([self.rank, peer]), peer=peer)
 
     # -- data dependencies ----------------------------------------------------------------
+    def _written(self, func, args, out) -> list[torch.Tensor]:
+        """Tensors an op produces: its outputs, and the arguments it writes in place."""
+        written = opinfo._tensors(out)
+        for arg, value in zip(func._schema.arguments, args, strict=False):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                written += opinfo._tensors(value)
+        return written
+
     def _producer_of(self, t: torch.Tensor) -> int | None:
         hit = self._producer.get(id(t))
         return hit[1] if hit and hit[0]() is t else None

@@ -25,7 +25,6 @@ _UNSUPPORTED = [  # (condition, key, reason): refused before any process starts
     (lambda w: w.model.kv < w.parallel.tp, "model.kv_heads", "fewer key/value heads than tp (replicated kv heads) is not traced yet"),
     (lambda w: w.model.experts > 0, "model.experts", "mixture-of-experts tracing is not implemented yet"),
     (lambda w: w.parallel.cp > 1, "parallel.cp", "context parallelism is not traced yet"),
-    (lambda w: w.parallel.zero == 3, "parallel.zero", "ZeRO 3 / FSDP tracing is not implemented yet"),
 ]
 
 

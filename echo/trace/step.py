@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import pyarrow as pa
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.graph import saved_tensors_hooks
 from torch.distributed.device_mesh import DeviceMesh
@@ -23,7 +24,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from echo.artifacts import TRACED_RANKS
 from echo.config.workload import Workload
-from echo.trace import data_parallel
+from echo.trace import data_parallel, fsdp
 from echo.trace.layout import Layout
 from echo.trace.model import ModelChunk
 from echo.trace.recorder import Recorder
@@ -41,6 +42,9 @@ class _ActivationMeter:
         self.storages: dict[int, int] = {}
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._is_view() else t
+        if isinstance(base, nn.Parameter):  # weights (FSDP's gathered ones too) are not activations
+            return t
         local = t.to_local() if isinstance(t, DTensor) else t
         s = local.untyped_storage()
         if s._cdata not in self.params:
@@ -98,20 +102,20 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         rec = Recorder(rank)
         groups = _groups(layout, rank, rec)
         dtype = DTYPES[w.training.dtype]
-        torch.set_default_dtype(dtype)
+        # FSDP keeps fp32 master parameters and all-gathers them in the compute dtype
+        torch.set_default_dtype(torch.float32 if p.zero == 3 else dtype)
         with rec, rec.muted():
             chunks = _chunks(w, layout.coords(rank).pp, rec)
-        if p.tp > 1:  # DTensor plans must be applied outside the fake mode (TRACING-NOTES)
-            mesh = DeviceMesh.from_group(groups["tp"], "cpu")
-            with rec.muted():
-                for c in chunks:
-                    apply_tensor_parallel(c, mesh, p.sequence_parallel)
+        # parallel plans must be applied outside the fake mode (TRACING-NOTES)
+        with rec.muted():
+            _parallelize(w, layout, rank, groups, chunks, dtype)
+        torch.set_default_dtype(dtype)
         meter = _ActivationMeter(data_parallel.local_params(chunks))
         with rec:
             _microbatch(w, layout, rank, rec, chunks, meter, dtype)
             data_parallel.grad_sync_and_step(rec, chunks, groups, p, dtype)
         numel = sum(t.numel() for t in data_parallel.local_params(chunks))
-        mem = data_parallel.memory_model(numel, dtype, p.zero, p.dp)
+        mem = data_parallel.memory_model(numel, dtype, p.zero, p.dp, _unsharded_peak(chunks, p))
         c = layout.coords(rank)
         ranks = pa.table({
             "rank": [rank], "role": [layout.role_of(rank)], "pp_rank": [c.pp], "tp_rank": [c.tp],
@@ -122,6 +126,26 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         return {**rec.tables(), "ranks": ranks}
     finally:
         dist.destroy_process_group()
+
+
+def _unsharded_peak(chunks: list, p) -> int:
+    """Gathered parameter elements FSDP holds at once: two layers (current + prefetched)."""
+    if p.zero != 3:
+        return 0
+    per_block = [sum(x.numel() for x in data_parallel.local_params([b])) * p.dp for c in chunks for b in c.blocks]
+    return 2 * max(per_block, default=0)
+
+
+def _parallelize(w: Workload, layout: Layout, rank: int, groups: dict, chunks: list, dtype) -> None:
+    p = w.parallel
+    # with FSDP the tensor-parallel mesh must be the tp dimension of the 2-D (dp, tp) mesh
+    mesh2d = fsdp.dp_tp_mesh(layout, rank, groups) if p.zero == 3 and p.dp > 1 else None
+    if p.tp > 1:
+        tp_mesh = mesh2d["tp"] if mesh2d is not None else DeviceMesh.from_group(groups["tp"], "cpu")
+        for c in chunks:
+            apply_tensor_parallel(c, tp_mesh, p.sequence_parallel)
+    if mesh2d is not None:
+        fsdp.apply_fsdp(chunks, mesh2d, dtype)
 
 
 def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
