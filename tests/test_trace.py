@@ -228,3 +228,25 @@ def test_zero3_gathers_each_layer_twice_and_reduce_scatters_it_once(tmp_path):
     assert all(not r["blocking"] and pc.equal(pa.scalar(r["group_size"]), 2).as_py() for r in dp)
     r0 = tables["ranks"].to_pylist()[0]
     assert r0["grad_bytes"] * 2 == r0["optimizer_bytes"]  # fp32 sharded grads, two fp32 moments
+
+
+def test_moe_dispatch_combine_and_expert_gradients(tmp_path):
+    d = llama_workload(tp=2, dp=4, ep=2, sequence_parallel=True, zero=1).model_dump()
+    experts, top_k, ffn = 4, 2, 96
+    d["model"] |= {"experts": experts, "top_k": top_k, "ffn_hidden": ffn}
+    w = Workload.model_validate(d)
+    tables = trace_ranks(w, [0], tmp_path)
+    comms, ops = tables["comms"].to_pylist(), tables["ops"]
+    tokens = B * S // 2  # the rank's sequence-parallel shard
+    routed = tokens * top_k * H * 2  # bf16 copies of tokens, one per chosen expert
+    a2a = [(r["phase"], r["bytes"], r["group_size"]) for r in comms if r["op"] == "all_to_all"]
+    # dispatch + combine per layer, mirrored in backward, over the expert-parallel group of 2
+    assert a2a.count(("forward", routed, 2)) == 2 * L and a2a.count(("backward", routed, 2)) == 2 * L
+    # balanced routing: the local experts' grouped GEMMs run tokens*top_k rows through 3 projections
+    bmm = ops.filter(pc.equal(ops["name"], "aten.bmm.default"))
+    assert pc.sum(bmm["flops"]).as_py() == 3 * L * 3 * 2 * tokens * top_k * H * ffn
+    # expert gradients reduce over the ranks holding the same experts (dp / ep = 2), dense over dp
+    kinds = {(r["group_kind"], r["group_size"]) for r in comms if r["phase"] == "grad_sync" and r["op"] == "reduce_scatter"}
+    assert kinds == {("dp", 4), ("edp", 2)}
+    expert_grads = next(r["bytes"] for r in comms if r["group_kind"] == "edp" and r["op"] == "reduce_scatter")
+    assert expert_grads == 4 * L * (experts // 2) * 3 * H * ffn

@@ -82,45 +82,79 @@ def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsha
 
 
 def tp_partial_grad_numel(modules: list[nn.Module], sequence_parallel: bool) -> int:
-    """Elements of gradients that each tensor-parallel rank holds only a part of: the norms (and
-    position embedding) under sequence parallelism, which saw 1/tp of the sequence each."""
+    """Elements of gradients that each tensor-parallel rank holds only a part of under sequence
+    parallelism, because each rank's copy saw only its 1/tp of the sequence: the norms (partial
+    DTensor gradients) and the plain replicated parameters (position embedding, router, experts)."""
     if not sequence_parallel:
         return 0
     n = 0
     for m in modules:
-        for name, p in m.named_parameters():
+        for p in m.parameters():
             g = p.grad
-            partial = isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements)
-            n += p.to_local().numel() if partial else (p.numel() if name.startswith("pos_emb") else 0)
+            if isinstance(g, DTensor):
+                n += p.to_local().numel() if any(pl.is_partial() for pl in g.placements) else 0
+            else:
+                n += p.numel()
     return n
+
+
+@dataclass(frozen=True)
+class ReductionSet:
+    """Parameters whose gradients one data-parallel group reduces."""
+
+    numels: list[int]
+    group: object      # the process group (None when of size 1)
+    size: int
+
+
+def reduction_sets(modules: list[nn.Module], groups: dict, parallel) -> list[ReductionSet]:
+    """Dense parameters reduce over dp; expert parameters over the ranks holding the same
+    experts (edp, dp / ep of them)."""
+    from echo.trace.moe import MoE
+
+    experts = {id(p) for m in modules for mod in m.modules() if isinstance(mod, MoE)
+               for p in (mod.w1, mod.w2, mod.w3)}
+    dense, expert = [], []
+    for m in modules:
+        for p in m.parameters():
+            n = (p.to_local() if isinstance(p, DTensor) else p).numel()
+            (expert if id(p) in experts else dense).append(n)
+    sets = [ReductionSet(dense, groups["dp"], parallel.dp)]
+    if expert:
+        sets.append(ReductionSet(expert, groups["edp"], parallel.dp // parallel.ep))
+    return sets
 
 
 def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype) -> None:
     """Record the gradient reduction (phase grad_sync) and the optimizer step (phase optimizer).
 
-    ``groups`` maps mesh dimension (tp, dp, ...) to this rank's process group (None when of size
-    1); ``parallel`` is the workload's ParallelConfig."""
-    dp, zero, dp_group = parallel.dp, parallel.zero, groups["dp"]
+    ``groups`` maps mesh dimension (tp, dp, ep, edp, ...) to this rank's process group (None when
+    of size 1); ``parallel`` is the workload's ParallelConfig."""
     partial = tp_partial_grad_numel(modules, parallel.sequence_parallel)
     if partial and groups["tp"] is not None:
-        # Megatron all-reduces sequence-parallel norm gradients over tp in one coalesced buffer
+        # Megatron all-reduces sequence-parallel gradients over tp in one coalesced buffer
         with rec.muted():
             buf = torch.empty(partial, dtype=torch.float32)
         with rec.phase("grad_sync", blocking=True):
             funcol.wait_tensor(funcol.all_reduce(buf, "sum", groups["tp"]))
-    numels = [p.numel() for p in local_params(modules)]
+    for rs in reduction_sets(modules, groups, parallel):
+        _reduce_and_step(rec, rs, parallel.zero, param_dtype)
+
+
+def _reduce_and_step(rec: Recorder, rs: ReductionSet, zero: int, param_dtype: torch.dtype) -> None:
+    dp, group = rs.size, rs.group
     # under ZeRO 3, FSDP already reduce-scattered each layer's gradients in backward, and the
     # local parameters are the 1/dp shards the optimizer updates
-    sizes = buckets(numels, 1 if zero == 3 else dp)
+    sizes = buckets(rs.numels, 1 if zero == 3 else dp)
     shards = [s // dp if zero in (1, 2) else s for s in sizes]
     with rec.muted():
         grads = [torch.empty(s, dtype=torch.float32) for s in sizes]
     with rec.phase("grad_sync", blocking=False, stream="comm"):
         for g in grads:
             if dp > 1 and zero == 0:
-                funcol.wait_tensor(funcol.all_reduce(g, "sum", dp_group))
+                funcol.wait_tensor(funcol.all_reduce(g, "sum", group))
             elif dp > 1 and zero in (1, 2):
-                funcol.wait_tensor(funcol.reduce_scatter_tensor(g, "sum", 0, dp_group))
+                funcol.wait_tensor(funcol.reduce_scatter_tensor(g, "sum", 0, group))
     with rec.muted():
         state = [[torch.zeros(n, dtype=torch.float32) for _ in range(4)] for n in shards]
         steps = [torch.zeros((), dtype=torch.float32) for _ in shards]
@@ -131,4 +165,16 @@ def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], groups: dict, pa
         for p in params if zero < 3 else []:  # FSDP gathers in the compute dtype itself
             half = p.to(param_dtype) if param_dtype != torch.float32 else p
             if dp > 1 and zero >= 1:
-                funcol.wait_tensor(funcol.all_gather_tensor(half, 0, dp_group))
+                funcol.wait_tensor(funcol.all_gather_tensor(half, 0, group))
+
+
+def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,
+                unsharded_peak: int = 0) -> MemoryModel:
+    """memory_model summed over the reduction sets (expert state shards over edp, not dp)."""
+    sets = reduction_sets(modules, groups, parallel)
+    # the gathered-parameter peak of FSDP belongs to the dense set (experts are not FSDP-sharded)
+    parts = [memory_model(sum(rs.numels), param_dtype, parallel.zero, rs.size, unsharded_peak if i == 0 else 0)
+             for i, rs in enumerate(sets)]
+    return MemoryModel(param_bytes=sum(m.param_bytes for m in parts),
+                       grad_bytes=sum(m.grad_bytes for m in parts),
+                       optimizer_bytes=sum(m.optimizer_bytes for m in parts))

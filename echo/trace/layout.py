@@ -55,6 +55,17 @@ class Layout:
         c = self.coords(rank)
         return [self.rank(Coords(**{**c.__dict__, dim: i})) for i in range(self.sizes[dim])]
 
+    def expert_group(self, rank: int, dim: str) -> list[int]:
+        """Expert parallelism splits the data-parallel ranks: ``ep`` consecutive dp ranks share out
+        the experts (dim "ep"), and the ranks holding the same experts reduce their gradients
+        together (dim "edp", dp / ep of them)."""
+        c, ep, dp = self.coords(rank), self.parallel.ep, self.sizes["dp"]
+        if dim == "ep":
+            dps = [(c.dp // ep) * ep + i for i in range(ep)]
+        else:
+            dps = [c.dp % ep + j * ep for j in range(dp // ep)]
+        return [self.rank(Coords(pp=c.pp, dp=d, cp=c.cp, tp=c.tp)) for d in dps]
+
     def all_groups(self, dim: str) -> list[list[int]]:
         """Every group along ``dim``, each once, in order of its first rank."""
         seen: dict[int, list[int]] = {}

@@ -77,19 +77,22 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def _parts(cfg: ModelConfig, recompute: str, hook: RecomputeHook):
-    """(norm class, attention, MLP) of one layer of ``cfg.arch``."""
-    if cfg.arch == "llama":
-        from echo.trace import llama
+def _parts(cfg: ModelConfig, recompute: str, hook: RecomputeHook, ep: int):
+    """(norm class, attention, MLP) of one layer of ``cfg.arch``; a mixture of experts replaces
+    the MLP when ``cfg.experts`` > 0."""
+    from echo.trace import llama, moe
 
-        return nn.RMSNorm, llama.Attention(cfg, recompute, hook), llama.MLP(cfg)
-    return nn.LayerNorm, Attention(cfg, recompute, hook), MLP(cfg)
+    if cfg.arch == "llama":
+        norm, attn, mlp = nn.RMSNorm, llama.Attention(cfg, recompute, hook), llama.MLP
+    else:
+        norm, attn, mlp = nn.LayerNorm, Attention(cfg, recompute, hook), MLP
+    return norm, attn, moe.MoE(cfg, ep) if cfg.experts else mlp(cfg)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, recompute: str = "none", hook: RecomputeHook = nullcontext):
+    def __init__(self, cfg: ModelConfig, recompute: str = "none", hook: RecomputeHook = nullcontext, ep: int = 1):
         super().__init__()
-        norm, self.attn, self.mlp = _parts(cfg, recompute, hook)
+        norm, self.attn, self.mlp = _parts(cfg, recompute, hook, ep)
         self.ln1, self.ln2 = norm(cfg.hidden), norm(cfg.hidden)
         self.full = recompute == "full"  # full recompute: only the layer input is kept
         self.hook = hook
@@ -108,14 +111,14 @@ class ModelChunk(nn.Module):
     hidden states; output: hidden states, or logits on the last chunk."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int, *, first: bool, last: bool,
-                 recompute: str = "none", hook: RecomputeHook = nullcontext):
+                 recompute: str = "none", hook: RecomputeHook = nullcontext, ep: int = 1):
         super().__init__()
         self.first, self.last = first, last
         if first:
             self.tok_emb = nn.Embedding(cfg.vocab, cfg.hidden)
             # llama encodes positions with RoPE inside attention instead
             self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.arch == "gpt" else None
-        self.blocks = nn.ModuleList(Block(cfg, recompute, hook) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, recompute, hook, ep) for _ in range(n_layers))
         # (shard index, shards) of the sequence this rank holds; set by sequence parallelism
         self.seq_shard = (0, 1)
         if last:

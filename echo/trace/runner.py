@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
 TABLES = {"ops": OPS, "comms": COMMS, "deps": DEPS, "ranks": TRACED_RANKS}
 _UNSUPPORTED = [  # (condition, key, reason): refused before any process starts
     (lambda w: w.model.kv < w.parallel.tp, "model.kv_heads", "fewer key/value heads than tp (replicated kv heads) is not traced yet"),
-    (lambda w: w.model.experts > 0, "model.experts", "mixture-of-experts tracing is not implemented yet"),
+    (lambda w: w.model.experts > 0 and w.parallel.tp > 1 and not w.parallel.sequence_parallel,
+     "parallel.sequence_parallel", "a mixture of experts with tp > 1 needs sequence_parallel (as in Megatron-Core)"),
+    (lambda w: w.model.experts > 0 and w.parallel.zero == 3, "parallel.zero", "ZeRO 3 with experts is not traced yet"),
+    (lambda w: w.parallel.ep > 1 and w.parallel.dp % w.parallel.ep, "parallel.ep", "ep must divide dp (expert parallelism over cp is not traced yet)"),
     (lambda w: w.parallel.cp > 1, "parallel.cp", "context parallelism is not traced yet"),
 ]
 

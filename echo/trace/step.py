@@ -59,8 +59,8 @@ class _ActivationMeter:
 def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     """Create this rank's process groups and teach the recorder which kind each one is."""
     groups = {}
-    for dim in ("tp", "cp", "dp", "pp"):
-        ranks = layout.group(rank, dim)
+    for dim in ("tp", "cp", "dp", "pp", "ep", "edp"):
+        ranks = layout.expert_group(rank, dim) if dim in ("ep", "edp") else layout.group(rank, dim)
         groups[dim] = dist.new_group(ranks) if len(ranks) > 1 else None
         rec.ctx.group_kinds.setdefault(tuple(ranks), dim)
     return groups
@@ -71,7 +71,7 @@ def _chunks(w: Workload, pp_rank: int, rec: Recorder) -> list[ModelChunk]:
     per_chunk = w.model.layers // (p.pp * p.virtual_stages)
     return [ModelChunk(w.model, per_chunk, first=pp_rank == 0 and c == 0,
                      last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
-                     recompute=w.training.recompute, hook=rec.recompute)
+                     recompute=w.training.recompute, hook=rec.recompute, ep=p.ep)
             for c in range(p.virtual_stages)]
 
 
@@ -114,8 +114,7 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         with rec:
             _microbatch(w, layout, rank, rec, chunks, meter, dtype)
             data_parallel.grad_sync_and_step(rec, chunks, groups, p, dtype)
-        numel = sum(t.numel() for t in data_parallel.local_params(chunks))
-        mem = data_parallel.memory_model(numel, dtype, p.zero, p.dp, _unsharded_peak(chunks, p))
+        mem = data_parallel.rank_memory(chunks, groups, p, dtype, _unsharded_peak(chunks, p))
         c = layout.coords(rank)
         ranks = pa.table({
             "rank": [rank], "role": [layout.role_of(rank)], "pp_rank": [c.pp], "tp_rank": [c.tp],
@@ -146,6 +145,10 @@ def _parallelize(w: Workload, layout: Layout, rank: int, groups: dict, chunks: l
             apply_tensor_parallel(c, tp_mesh, p.sequence_parallel)
     if mesh2d is not None:
         fsdp.apply_fsdp(chunks, mesh2d, dtype)
+    for c in chunks:
+        for block in c.blocks:
+            if hasattr(block.mlp, "ep_group"):
+                block.mlp.ep_group = groups["ep"]
 
 
 def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:

@@ -33,7 +33,9 @@ def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
         plan |= {f"{part}.{n}": RowwiseParallel(**out) for n in module.ROWWISE}
     if sequence_parallel:
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        plan |= {"ln1": SequenceParallel(), "attn": gather, "ln2": SequenceParallel(), "mlp": gather}
+        plan |= {"ln1": SequenceParallel(), "attn": gather, "ln2": SequenceParallel()}
+        if block.mlp.COLWISE:  # a mixture of experts works on the rank's own sequence shard
+            plan["mlp"] = gather
     return plan
 
 
