@@ -250,3 +250,20 @@ def test_moe_dispatch_combine_and_expert_gradients(tmp_path):
     assert kinds == {("dp", 4), ("edp", 2)}
     expert_grads = next(r["bytes"] for r in comms if r["group_kind"] == "edp" and r["op"] == "reduce_scatter")
     assert expert_grads == 4 * L * (experts // 2) * 3 * H * ffn
+
+
+def test_context_parallel_splits_the_sequence_and_exchanges_kv(tmp_path):
+    w = workload(cp=2, dp=2, pp=2, zero=1)
+    tables = trace_ranks(w, [0], tmp_path)
+    comms, ops = tables["comms"].to_pylist(), tables["ops"]
+    layers = L // 2
+    kv = B * S * H * 2  # keys (or values) of the whole sequence, bf16: the all-gather's output
+    cp = [(r["op"], r["phase"], r["bytes"]) for r in comms if r["group_kind"] == "cp"]
+    assert cp.count(("all_gather", "forward", kv)) == 2 * layers
+    assert cp.count(("reduce_scatter", "backward", kv)) == 2 * layers
+    # each cp rank does half of the work of the whole sequence
+    fwd_bwd = pc.sum(ops.filter(pc.is_in(ops["phase"], pa.array(["forward", "backward"])))["flops"]).as_py()
+    assert fwd_bwd == pytest.approx(analytic_flops(layers, 2, False), rel=1e-9)
+    # stages exchange half a sequence; gradients reduce over the 4 ranks that hold these parameters
+    assert [r["bytes"] for r in comms if r["group_kind"] == "pp"] == [B * S * H, B * S * H]
+    assert {r["group_size"] for r in comms if r["phase"] == "grad_sync"} == {4}

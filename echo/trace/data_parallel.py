@@ -119,7 +119,9 @@ def reduction_sets(modules: list[nn.Module], groups: dict, parallel) -> list[Red
         for p in m.parameters():
             n = (p.to_local() if isinstance(p, DTensor) else p).numel()
             (expert if id(p) in experts else dense).append(n)
-    sets = [ReductionSet(dense, groups["dp"], parallel.dp)]
+    # context-parallel ranks hold the same parameters too: dense gradients reduce over dp x cp
+    dense_group = groups["dpcp"] if parallel.cp > 1 else groups["dp"]
+    sets = [ReductionSet(dense, dense_group, parallel.dp * parallel.cp)]
     if expert:
         sets.append(ReductionSet(expert, groups["edp"], parallel.dp // parallel.ep))
     return sets

@@ -51,8 +51,11 @@ class Layout:
         return Coords(pp=pp, dp=dp, cp=cp, tp=tp)
 
     def group(self, rank: int, dim: str) -> list[int]:
-        """Global ranks of ``rank``'s group along mesh dimension ``dim`` (tp, cp, dp or pp)."""
+        """Global ranks of ``rank``'s group along mesh dimension ``dim`` (tp, cp, dp or pp), or
+        "dpcp": the data- and context-parallel ranks, which hold the same parameters."""
         c = self.coords(rank)
+        if dim == "dpcp":
+            return sorted(r for d in self.group(rank, "dp") for r in self.group(d, "cp"))
         return [self.rank(Coords(**{**c.__dict__, dim: i})) for i in range(self.sizes[dim])]
 
     def expert_group(self, rank: int, dim: str) -> list[int]:

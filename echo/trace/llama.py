@@ -28,18 +28,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Grouped-query attention: kv_heads key/value heads shared by heads/kv_heads query heads."""
+    """Grouped-query attention: kv_heads key/value heads shared by heads/kv_heads query heads.
 
-    COLWISE, ROWWISE = ("wq", "wk", "wv"), ("wo",)
+    Q, K and V come from one fused projection laid out per key/value group ([its query heads,
+    its key, its value], as Megatron-Core's linear_qkv), so that column-parallel sharding keeps
+    whole groups together and backward needs one tensor-parallel reduction, not three."""
+
+    COLWISE, ROWWISE = ("wqkv",), ("wo",)
 
     def __init__(self, cfg: ModelConfig, recompute: str, hook: RecomputeHook):
         super().__init__()
         d = self.head_dim = cfg.head_dim
         self.group = cfg.heads // cfg.kv  # query heads per key/value head
         self.selective, self.hook = recompute == "selective", hook
-        self.wq = nn.Linear(cfg.hidden, cfg.heads * d, bias=False)
-        self.wk = nn.Linear(cfg.hidden, cfg.kv * d, bias=False)
-        self.wv = nn.Linear(cfg.hidden, cfg.kv * d, bias=False)
+        self.cp_group = None  # set by the tracer under context parallelism
+        self.wqkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * d, bias=False)
         self.wo = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
         cos, sin = rope_tables(cfg.seq_len, d)
         self.register_buffer("cos", cos, persistent=False)
@@ -47,27 +50,29 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        heads = lambda t: t.view(b, s, -1, self.head_dim).transpose(1, 2)  # noqa: E731 (local heads)
+        # -1: the local key/value groups once wqkv is column-parallel
+        qkv = self.wqkv(x).view(b, s, -1, self.group + 2, self.head_dim)
+        q, k, v = qkv.split([self.group, 1, 1], dim=3)
+        heads = lambda t: t.reshape(b, s, -1, self.head_dim).transpose(1, 2)  # noqa: E731
         cos, sin = self.cos[:s], self.sin[:s]
-        q = apply_rope(heads(self.wq(x)), cos, sin)
-        k = apply_rope(heads(self.wk(x)), cos, sin)
-        v = heads(self.wv(x))
+        q, k, v = apply_rope(heads(q), cos, sin), apply_rope(heads(k), cos, sin), heads(v)
         # each key/value head serves `group` query heads (torchtitan's repeat_kv materializes it)
         k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
-        y = attention_core(q, k, v, self.selective, self.hook)
+        y = attention_core(q, k, v, self.selective, self.hook, self.cp_group)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU: w2(silu(gate x) * up x), gate and up fused in one projection laid out per shard
+    (as Megatron-Core's fc1), so each tensor-parallel rank holds matching slices of both."""
 
-    COLWISE, ROWWISE = ("w1", "w3"), ("w2",)
+    COLWISE, ROWWISE = ("w13",), ("w2",)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w1 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-        self.w3 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w13 = nn.Linear(cfg.hidden, 2 * cfg.ffn, bias=False)
         self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
@@ -39,8 +40,17 @@ def recomputed(fn: Callable, hook: RecomputeHook) -> Callable:
     return checkpointed
 
 
-def attention_core(q, k, v, selective: bool, hook: RecomputeHook) -> torch.Tensor:
-    """Causal attention; selective recompute (Korthikanti et al.) re-runs it inside backward."""
+def attention_core(q, k, v, selective: bool, hook: RecomputeHook, cp_group=None) -> torch.Tensor:
+    """Causal attention; selective recompute (Korthikanti et al.) re-runs it inside backward.
+
+    Context parallelism (``cp_group``): each rank holds 1/cp of the sequence and all-gathers the
+    keys and values of the whole sequence (Llama 3's all-gather CP; backward reduce-scatters their
+    gradients). Its queries then attend to all keys; with Megatron's load-balanced assignment
+    (chunks i and 2cp-1-i per rank) the causal work per rank is half of that block, which is what
+    ``is_causal`` tells the kernel and the cost model (the mask's alignment is not modelled)."""
+    if cp_group is not None:
+        k = funcol.all_gather_tensor_autograd(k.contiguous(), 2, cp_group)
+        v = funcol.all_gather_tensor_autograd(v.contiguous(), 2, cp_group)
     core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     return recomputed(core, hook)(q, k, v) if selective else core(q, k, v)
 
@@ -54,6 +64,7 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = cfg.head_dim
         self.selective, self.hook = recompute == "selective", hook
+        self.cp_group = None  # set by the tracer under context parallelism
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
@@ -61,7 +72,7 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         # -1: the local head count, hidden/heads/tp once qkv is column-parallel
         q, k, v = self.qkv(x).view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
-        y = attention_core(q, k, v, self.selective, self.hook)
+        y = attention_core(q, k, v, self.selective, self.hook, self.cp_group)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 

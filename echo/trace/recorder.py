@@ -173,7 +173,7 @@ class Recorder(FakeTensorMode):
         group_kind = self.ctx.group_kinds.get(tuple(ranks), "world" if len(ranks) > 2 else "pp")
         # data-parallel traffic (ZeRO/FSDP gathers, gradient reduction) runs on its own stream,
         # overlapped with compute; the rest (TP, CP) sits on the critical path unless told otherwise
-        overlapped = group_kind in ("dp", "edp")
+        overlapped = group_kind in ("dp", "edp", "dpcp")
         stream = "p2p" if kind == "p2p" else ("comm" if overlapped else self.ctx.stream)
         seq = self._add_op(func, args, kwargs, out, kind=kind, op_class=kind, stream=stream, comm_id=comm_id)
         if buffer is None:

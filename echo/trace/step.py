@@ -59,7 +59,7 @@ class _ActivationMeter:
 def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     """Create this rank's process groups and teach the recorder which kind each one is."""
     groups = {}
-    for dim in ("tp", "cp", "dp", "pp", "ep", "edp"):
+    for dim in ("tp", "cp", "dp", "pp", "ep", "edp", "dpcp"):
         ranks = layout.expert_group(rank, dim) if dim in ("ep", "edp") else layout.group(rank, dim)
         groups[dim] = dist.new_group(ranks) if len(ranks) > 1 else None
         rec.ctx.group_kinds.setdefault(tuple(ranks), dim)
@@ -147,6 +147,7 @@ def _parallelize(w: Workload, layout: Layout, rank: int, groups: dict, chunks: l
         fsdp.apply_fsdp(chunks, mesh2d, dtype)
     for c in chunks:
         for block in c.blocks:
+            block.attn.cp_group = groups["cp"]
             if hasattr(block.mlp, "ep_group"):
                 block.mlp.ep_group = groups["ep"]
 
@@ -155,14 +156,15 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
     """Forward of every chunk, then backward in reverse, with pipeline p2p around each."""
     b, h, v = w.training.micro_batch, w.model.hidden, w.parallel.virtual_stages
     # the activation between stages is this rank's sequence shard under sequence parallelism
-    s = w.model.seq_len // (w.parallel.tp if w.parallel.sequence_parallel else 1)
+    seq = w.model.seq_len // w.parallel.cp  # context parallelism splits the sequence
+    s = seq // (w.parallel.tp if w.parallel.sequence_parallel else 1)
     outputs, inputs = [], []
     for i, chunk in enumerate(chunks):
         with rec.phase("forward", i):
             prev = _peer(layout, rank, i, -1, v)
             if prev is None:
                 with rec.muted():  # token ids come from the data loader, not a kernel
-                    x = torch.zeros(b, w.model.seq_len, dtype=torch.long)
+                    x = torch.zeros(b, seq, dtype=torch.long)
             else:
                 with rec.muted():
                     x = torch.empty(b, s, h, dtype=dtype)
