@@ -151,3 +151,17 @@ TIMELINE = pa.schema([
     ("start_s", pa.float64()),
     ("end_s", pa.float64()),
 ])
+
+# --- trace: results/trace/{workload}/schedule.parquet ---------------------------------------
+# Each traced rank's pipeline p2p in schedule order: the traced per-chunk template expanded over
+# the micro-batch order of the workload's schedule (gpipe, 1f1b, interleaved).
+SCHEDULE = pa.schema([
+    ("rank", pa.int32()),
+    ("step", pa.int32()),          # position of the task in the stage's order
+    ("task", pa.string()),         # F | B
+    ("microbatch", pa.int32()),
+    ("chunk", pa.int32()),
+    ("op", pa.string()),           # send | recv
+    ("peer", pa.int32()),
+    ("bytes", pa.int64()),
+])

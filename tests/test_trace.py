@@ -267,3 +267,29 @@ def test_context_parallel_splits_the_sequence_and_exchanges_kv(tmp_path):
     # stages exchange half a sequence; gradients reduce over the 4 ranks that hold these parameters
     assert [r["bytes"] for r in comms if r["group_kind"] == "pp"] == [B * S * H, B * S * H]
     assert {r["group_size"] for r in comms if r["phase"] == "grad_sync"} == {4}
+
+
+@pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+def test_schedule_table_follows_the_schedule_definition(schedule, virtual, tmp_path):
+    from echo.trace.schedule_table import schedule_table
+
+    d = workload(pp=2, schedule=schedule, virtual_stages=virtual).model_dump()
+    d["training"]["global_batch"] = 3 * B if virtual == 1 else 4 * B  # 3 (or 4) micro-batches
+    w = Workload.model_validate(d)
+    table = schedule_table(w, trace_ranks(w, [0, 1], tmp_path)["comms"]).to_pylist()
+
+    def seq(rank):
+        return [(r["task"], r["microbatch"], r["chunk"], r["op"], r["peer"]) for r in table if r["rank"] == rank]
+
+    if schedule == "1f1b":  # stage 0 warms up with p - 1 = 1 forward, stage 1 alternates at once
+        assert seq(0) == [("F", 0, 0, "send", 1), ("F", 1, 0, "send", 1), ("B", 0, 0, "recv", 1),
+                          ("F", 2, 0, "send", 1), ("B", 1, 0, "recv", 1), ("B", 2, 0, "recv", 1)]
+        assert seq(1) == [("F", 0, 0, "recv", 0), ("B", 0, 0, "send", 0), ("F", 1, 0, "recv", 0),
+                          ("B", 1, 0, "send", 0), ("F", 2, 0, "recv", 0), ("B", 2, 0, "send", 0)]
+    elif schedule == "gpipe":
+        assert [t[:2] for t in seq(0)] == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    else:  # virtual stages 0..3 = (stage 0, chunk 0), (1, 0), (0, 1), (1, 1): the pipeline wraps once
+        first = [t for t in seq(0) if t[0] == "F" and t[1] == 0]
+        assert first == [("F", 0, 0, "send", 1), ("F", 0, 1, "recv", 1), ("F", 0, 1, "send", 1)]
+        last = [t for t in seq(1) if t[0] == "F" and t[1] == 0]
+        assert last == [("F", 0, 0, "recv", 0), ("F", 0, 0, "send", 0), ("F", 0, 1, "recv", 0)]

@@ -54,6 +54,14 @@ class ParallelConfig(BaseModel):
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
     schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="pipeline schedule")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
+    stage_layers: list[PositiveInt] | None = Field(
+        None, description="layers of each virtual stage in pipeline order (pp x virtual_stages entries); "
+        "default: layers split evenly. Llama 3 405B puts one layer less on the first and last stage")
+
+    def layers_of(self, layers: int) -> list[int]:
+        """Layers of every virtual stage, in pipeline order (stage v*pp + s is chunk v of rank s)."""
+        chunks = self.pp * self.virtual_stages
+        return list(self.stage_layers) if self.stage_layers else [layers // chunks] * chunks
 
     @property
     def world_size(self) -> int:
@@ -107,7 +115,13 @@ class Workload(BaseModel):
         need(m.ffn % p.tp == 0, "model.ffn_hidden", f"ffn_hidden {m.ffn} is not divisible by tp {p.tp}")
         need(m.vocab % p.tp == 0, "model.vocab", f"vocab {m.vocab} is not divisible by tp {p.tp}")
         chunks = p.pp * p.virtual_stages
-        need(m.layers % chunks == 0, "model.layers", f"layers {m.layers} are not divisible by pp x virtual_stages = {chunks}")
+        if p.stage_layers is None:
+            need(m.layers % chunks == 0, "model.layers", f"layers {m.layers} are not divisible by pp x virtual_stages = {chunks}")
+        else:
+            need(len(p.stage_layers) == chunks, "parallel.stage_layers",
+                 f"{len(p.stage_layers)} entries, expected pp x virtual_stages = {chunks}")
+            need(sum(p.stage_layers) == m.layers, "parallel.stage_layers",
+                 f"entries sum to {sum(p.stage_layers)}, not layers {m.layers}")
         need(t.global_batch % (t.micro_batch * p.dp) == 0, "training.global_batch",
              f"global_batch {t.global_batch} is not divisible by micro_batch x dp = {t.micro_batch * p.dp}")
         need(m.seq_len % (p.cp * (2 if p.cp > 1 else 1)) == 0, "parallel.cp", f"seq_len {m.seq_len} cannot be split into 2 x cp = {2 * p.cp} chunks")

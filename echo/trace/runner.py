@@ -14,10 +14,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from echo.artifacts import COMMS, DEPS, OPS, TRACED_RANKS
+from echo.artifacts import COMMS, DEPS, OPS, SCHEDULE, TRACED_RANKS
 from echo.config.workload import Workload
 from echo.io import write_parquet
 from echo.trace.layout import Layout
+from echo.trace.schedule_table import schedule_table
 
 log = logging.getLogger(__name__)
 TABLES = {"ops": OPS, "comms": COMMS, "deps": DEPS, "ranks": TRACED_RANKS}
@@ -71,3 +72,4 @@ def run_trace(workload: Workload, out_dir: Path) -> None:
     tables = trace_ranks(workload, sorted(reps.values()), out_dir)
     for name, schema in TABLES.items():
         write_parquet(tables[name], out_dir / f"{name}.parquet", schema)
+    write_parquet(schedule_table(workload, tables["comms"]), out_dir / "schedule.parquet", SCHEDULE)

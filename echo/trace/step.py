@@ -68,8 +68,8 @@ def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
 
 def _chunks(w: Workload, pp_rank: int, rec: Recorder) -> list[ModelChunk]:
     p = w.parallel
-    per_chunk = w.model.layers // (p.pp * p.virtual_stages)
-    return [ModelChunk(w.model, per_chunk, first=pp_rank == 0 and c == 0,
+    layers = p.layers_of(w.model.layers)
+    return [ModelChunk(w.model, layers[c * p.pp + pp_rank], first=pp_rank == 0 and c == 0,
                      last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
                      recompute=w.training.recompute, hook=rec.recompute, ep=p.ep)
             for c in range(p.virtual_stages)]

@@ -10,6 +10,7 @@ rule trace:
         comms="results/trace/{workload}/comms.parquet",
         deps="results/trace/{workload}/deps.parquet",
         ranks="results/trace/{workload}/ranks.parquet",
+        schedule="results/trace/{workload}/schedule.parquet",
     params:
         workload=workload_params,
         code=code_version("trace"),
