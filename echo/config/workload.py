@@ -21,6 +21,10 @@ class ModelConfig(BaseModel):
     ffn_hidden: PositiveInt | None = Field(None, description="MLP width; default 4*hidden for gpt, 8/3*hidden rounded up to 256 for llama")
     vocab: PositiveInt = Field(description="vocabulary size")
     seq_len: PositiveInt = Field(description="tokens per sequence")
+    attention: Literal["flash", "math"] = Field(
+        "flash", description="flash: fused attention (no s x s tensors kept); math: QK^T, softmax, "
+        "dropout and PV as separate kernels, as Megatron-LM ran before fused attention")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability (attention and hidden)")
     experts: int = Field(0, ge=0, description="> 0 makes the MLP a mixture of experts")
     top_k: int = Field(0, ge=0, description="experts each token is routed to")
 

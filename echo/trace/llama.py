@@ -42,6 +42,7 @@ class Attention(nn.Module):
         self.group = cfg.heads // cfg.kv  # query heads per key/value head
         self.selective, self.hook = recompute == "selective", hook
         self.cp_group = None  # set by the tracer under context parallelism
+        self.kind, self.dropout = cfg.attention, cfg.dropout
         self.wqkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * d, bias=False)
         self.wo = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
         cos, sin = rope_tables(cfg.seq_len, d)
@@ -58,7 +59,7 @@ class Attention(nn.Module):
         q, k, v = apply_rope(heads(q), cos, sin), apply_rope(heads(k), cos, sin), heads(v)
         # each key/value head serves `group` query heads (torchtitan's repeat_kv materializes it)
         k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
-        y = attention_core(q, k, v, self.selective, self.hook, self.cp_group)
+        y = attention_core(q, k, v, self.selective, self.hook, self.cp_group, self.kind, self.dropout)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -40,7 +40,24 @@ def recomputed(fn: Callable, hook: RecomputeHook) -> Callable:
     return checkpointed
 
 
-def attention_core(q, k, v, selective: bool, hook: RecomputeHook, cp_group=None) -> torch.Tensor:
+def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout as GPUs run it: native_dropout keeps a 1-byte mask for backward (the CPU's
+    F.dropout keeps a scaled noise tensor in the input's dtype instead)."""
+    return torch.native_dropout(x, p, True)[0] if p else x
+
+
+def math_attention(q, k, v, p_drop: float) -> torch.Tensor:
+    """Unfused causal attention: scores, masked softmax, dropout, PV (each its own kernel, and
+    the s x s probabilities kept for backward, as Korthikanti et al. count them)."""
+    scores = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    s_q, s_k = scores.shape[-2:]
+    mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).triu(1)
+    probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    return torch.matmul(dropout(probs, p_drop), v)
+
+
+def attention_core(q, k, v, selective: bool, hook: RecomputeHook, cp_group=None,
+                   kind: str = "flash", dropout: float = 0.0) -> torch.Tensor:
     """Causal attention; selective recompute (Korthikanti et al.) re-runs it inside backward.
 
     Context parallelism (``cp_group``): each rank holds 1/cp of the sequence and all-gathers the
@@ -51,7 +68,10 @@ def attention_core(q, k, v, selective: bool, hook: RecomputeHook, cp_group=None)
     if cp_group is not None:
         k = funcol.all_gather_tensor_autograd(k.contiguous(), 2, cp_group)
         v = funcol.all_gather_tensor_autograd(v.contiguous(), 2, cp_group)
-    core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    if kind == "math":
+        core = lambda q, k, v: math_attention(q, k, v, dropout)  # noqa: E731
+    else:
+        core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)  # noqa: E731
     return recomputed(core, hook)(q, k, v) if selective else core(q, k, v)
 
 
@@ -65,6 +85,7 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.selective, self.hook = recompute == "selective", hook
         self.cp_group = None  # set by the tracer under context parallelism
+        self.kind, self.dropout = cfg.attention, cfg.dropout
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
@@ -72,7 +93,7 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         # -1: the local head count, hidden/heads/tp once qkv is column-parallel
         q, k, v = self.qkv(x).view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
-        y = attention_core(q, k, v, self.selective, self.hook, self.cp_group)
+        y = attention_core(q, k, v, self.selective, self.hook, self.cp_group, self.kind, self.dropout)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -106,14 +127,17 @@ class Block(nn.Module):
         norm, self.attn, self.mlp = _parts(cfg, recompute, hook, ep)
         self.ln1, self.ln2 = norm(cfg.hidden), norm(cfg.hidden)
         self.full = recompute == "full"  # full recompute: only the layer input is kept
-        self.hook = hook
+        self.hook, self.dropout = hook, cfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return recomputed(self._layer, self.hook)(x) if self.full else self._layer(x)
 
     def _layer(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + self._drop(self.attn(self.ln1(x)))
+        return x + self._drop(self.mlp(self.ln2(x)))
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.dropout)
 
 
 class ModelChunk(nn.Module):
