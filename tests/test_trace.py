@@ -141,8 +141,12 @@ def test_unsupported_options_are_refused_before_tracing():
     from echo.errors import ConfigError
     from echo.trace import check_traceable
 
+    moe = llama_workload(dp=2, zero=3).model_dump()
+    moe["model"] |= {"experts": 4, "top_k": 2}
     with pytest.raises(ConfigError, match="parallel.zero"):
-        check_traceable(workload(zero=3))
+        check_traceable(Workload.model_validate(moe))
+    with pytest.raises(ConfigError, match="model.kv_heads"):
+        check_traceable(llama_workload(tp=4))
 
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])

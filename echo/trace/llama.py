@@ -50,9 +50,10 @@ class Attention(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
+        qkv = self.wqkv(x)
+        b, s, _ = qkv.shape  # the whole sequence, also when x is a sequence-parallel shard
         # -1: the local key/value groups once wqkv is column-parallel
-        qkv = self.wqkv(x).view(b, s, -1, self.group + 2, self.head_dim)
+        qkv = qkv.view(b, s, -1, self.group + 2, self.head_dim)
         q, k, v = qkv.split([self.group, 1, 1], dim=3)
         heads = lambda t: t.reshape(b, s, -1, self.head_dim).transpose(1, 2)  # noqa: E731
         cos, sin = self.cos[:s], self.sin[:s]

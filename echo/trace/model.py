@@ -90,9 +90,10 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
+        qkv = self.qkv(x)
+        b, s, _ = qkv.shape  # the whole sequence, also when x is a sequence-parallel shard
         # -1: the local head count, hidden/heads/tp once qkv is column-parallel
-        q, k, v = self.qkv(x).view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
+        q, k, v = qkv.view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
         y = attention_core(q, k, v, self.selective, self.hook, self.cp_group, self.kind, self.dropout)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 

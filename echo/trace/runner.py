@@ -43,6 +43,7 @@ def check_traceable(w: Workload) -> None:
 def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None = None) -> dict[str, pa.Table]:
     """Trace ``ranks`` in parallel worker processes; return the concatenated tables."""
     jobs = jobs or max(1, min(len(ranks), os.cpu_count() or 1))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".trace-", dir=out_dir) as tmp:
         spec = Path(tmp) / "workload.json"
         spec.write_text(w.model_dump_json())

@@ -6,16 +6,22 @@ Without sequence parallelism the residual stream is replicated: one all-reduce a
 and one after the MLP in forward, mirrored in backward. With it (Korthikanti et al. 2022) the
 residual stream, norms included, holds 1/tp of the sequence: each all-reduce becomes an
 all-gather before the column-parallel GEMM and a reduce-scatter after the row-parallel one.
+As in Megatron-LM, a column-parallel GEMM keeps only its input's shard for backward and gathers
+it again there (DTensor's own redistribution would keep the gathered input, tp times larger).
 """
 
 from __future__ import annotations
 
+import types
+
+import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -31,11 +37,8 @@ def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
         module = getattr(block, part)
         plan |= {f"{part}.{n}": ColwiseParallel() for n in module.COLWISE}
         plan |= {f"{part}.{n}": RowwiseParallel(**out) for n in module.ROWWISE}
-    if sequence_parallel:
-        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        plan |= {"ln1": SequenceParallel(), "attn": gather, "ln2": SequenceParallel()}
-        if block.mlp.COLWISE:  # a mixture of experts works on the rank's own sequence shard
-            plan["mlp"] = gather
+    if sequence_parallel:  # norms on the local shard; attention and MLP receive the shard
+        plan |= {"ln1": SequenceParallel(use_local_output=True), "ln2": SequenceParallel(use_local_output=True)}
     return plan
 
 
@@ -43,6 +46,10 @@ def apply_tensor_parallel(chunk: nn.Module, mesh: DeviceMesh, sequence_parallel:
     """Shard ``chunk`` (a ModelChunk) in place over the 1-D tensor-parallel ``mesh``."""
     for block in chunk.blocks:
         parallelize_module(block, mesh, _block_plan(block, sequence_parallel))
+        if sequence_parallel:
+            for part in (block.attn, block.mlp):
+                for name in part.COLWISE:
+                    gather_in_linear(getattr(part, name), mesh, block.hook)
     seq = Shard(1) if sequence_parallel else Replicate()
     if sequence_parallel:
         chunk.seq_shard = (mesh.get_local_rank(), mesh.size())
@@ -52,3 +59,37 @@ def apply_tensor_parallel(chunk: nn.Module, mesh: DeviceMesh, sequence_parallel:
         head = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
         final = {"ln_f": SequenceParallel()} if sequence_parallel else {}
         parallelize_module(chunk, mesh, {**final, "head": head})
+
+
+class _GatherLinear(torch.autograd.Function):
+    """y = all_gather(x_shard) @ W^T (+ b), saving only x_shard; backward gathers x again
+    (recorded as recompute), then reduce-scatters the input gradient back to shards."""
+
+    @staticmethod
+    def forward(ctx, x_shard, weight, bias, group, hook):
+        ctx.save_for_backward(x_shard, weight)
+        ctx.group, ctx.hook, ctx.has_bias = group, hook, bias is not None
+        return F.linear(funcol.all_gather_tensor(x_shard, 1, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_shard, weight = ctx.saved_tensors
+        with ctx.hook():
+            x = funcol.all_gather_tensor(x_shard, 1, ctx.group)
+        grad_x = funcol.reduce_scatter_tensor(grad.matmul(weight), "sum", 1, ctx.group)
+        grad_w = grad.flatten(0, -2).t().matmul(x.flatten(0, -2))
+        grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None, None
+
+
+def gather_in_linear(linear: torch.nn.Linear, mesh: DeviceMesh, hook) -> None:
+    """Make a ColwiseParallel linear take the sequence shard and gather it itself (see above)."""
+    group = mesh.get_group()
+
+    def forward(self, x):
+        local = x.to_local() if isinstance(x, DTensor) else x  # the hook only wrapped the shard
+        bias = self.bias.to_local() if self.bias is not None else None
+        y = _GatherLinear.apply(local, self.weight.to_local(), bias, group, hook)
+        return DTensor.from_local(y, mesh, [Shard(-1)], run_check=False)
+
+    linear.forward = types.MethodType(forward, linear)
