@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from echo.config.workload import Workload
@@ -297,3 +298,30 @@ def test_schedule_table_follows_the_schedule_definition(schedule, virtual, tmp_p
         assert first == [("F", 0, 0, "send", 1), ("F", 0, 1, "recv", 1), ("F", 0, 1, "send", 1)]
         last = [t for t in seq(1) if t[0] == "F" and t[1] == 0]
         assert last == [("F", 0, 0, "recv", 0), ("F", 0, 0, "send", 0), ("F", 0, 1, "recv", 0)]
+
+
+def test_graph_export_and_diff_of_zero1_vs_zero3(tmp_path):
+    import networkx as nx
+
+    from echo.dedup import run_dedup
+    from echo.trace import run_trace
+    from echo.trace.diff import diff
+    from echo.trace.graph import class_graph, write_graph
+
+    dirs = {}
+    for zero in (1, 3):
+        w = workload(dp=2, zero=zero)
+        dirs[zero] = tmp_path / f"zero{zero}"
+        run_trace(w, dirs[zero])
+    d = workload(dp=2, zero=1).model_copy(update={"verify": 0})
+    run_dedup(d, dirs[1], tmp_path / "classes.parquet")
+    g = class_graph(dirs[1], tmp_path / "classes.parquet", 0)
+    ops = pq.read_table(dirs[1] / "ops.parquet")
+    assert g.number_of_nodes() == ops.num_rows and nx.is_directed_acyclic_graph(g)
+    write_graph(g, tmp_path / "g.graphml", "graphml")
+    assert nx.read_graphml(tmp_path / "g.graphml").number_of_nodes() == ops.num_rows
+    rows = diff(dirs[1], dirs[3])
+    gathers = [r for r in rows if r["what"] == "collective" and r["name"].startswith("all_gather dp")]
+    # ZeRO 3 gathers every layer in forward and again in backward; ZeRO 1 once, after the step
+    assert sum(r["count_b"] for r in gathers if r["phase"] == "forward") == L + 1
+    assert sum(r["count_a"] for r in gathers if r["phase"] == "optimizer") == 1
