@@ -83,17 +83,56 @@ def test_h100_nvls_large_allreduce(h100):
 
 
 @pytest.mark.parametrize("name, topology, bound", [
-    ("nccl_allreduce_a100_8gpu.csv", "dgx-a100-hdr", 0.15),
-    ("nccl_allreduce_h200_8gpu.csv", "dgx-h100-ndr", 0.12),
+    ("nccl_allreduce_a100_8gpu.csv", "dgx-a100-hdr", 0.12),
+    ("nccl_allreduce_h200_8gpu.csv", "dgx-h100-ndr", 0.10),
 ])
 def test_reference_allreduce_error(name, topology, bound):
-    """Mean absolute relative time error over sizes >= 1 MiB (A100 ~11%, H200 ~9% at writing)."""
+    """Mean absolute relative time error over sizes 1 MiB..16 GiB (issue: at most 15%; A100 ~9.5%,
+    H200 ~7.6% at writing), and the small-message latency floor (the smallest size) within 20%."""
     sizes, measured = _reference(name)
     keep = sizes >= MIB
+    assert sizes[keep].max() == 16 * GIB
     model = NetworkModel(load_topology(topology))
-    predicted = model.time_us("all_reduce", gpus=8, nbytes=sizes[keep])
-    rel = np.abs(predicted - measured[keep]) / measured[keep]
-    assert rel.mean() < bound
+    predicted = model.time_us("all_reduce", gpus=8, nbytes=sizes)
+    rel = np.abs(predicted - measured) / measured
+    assert rel[keep].mean() < bound
+    assert rel[0] < 0.20
+
+
+def test_dgx_a100_four_nodes_allreduce_1gib(a100):
+    est = a100.estimate("all_reduce", gpus=32, nbytes=GIB)
+    assert est.algorithm == "ring" and est.protocol == "simple"
+    assert 170 <= est.busbw_GBps <= 215  # NCCL's maintainers measure about 192
+
+
+def test_all_to_all_across_nodes_gets_about_one_nic_per_peer(a100):
+    """Each GPU's remote share of an all-to-all goes through its own NIC (HDR: 25 GB/s)."""
+    nic = a100.params.nic_bw_GBps
+    assert nic == pytest.approx(25.0)
+    for group in (list(range(16)), list(range(64)), [0, 8, 16, 24], list(range(0, 128, 8))):
+        n, per_node = len(group), a100.shape(group).per_node
+        est = a100.estimate("all_to_all", group, nbytes=GIB)
+        remote_GBps = (n - per_node) / n * GIB / (est.time_us * 1e3)
+        assert 0.85 * nic <= remote_GBps <= nic, group
+    # inside one node all-to-all is far faster than through the NICs
+    assert a100.estimate("all_to_all", gpus=8, nbytes=GIB).time_us < 0.2 * a100.estimate(
+        "all_to_all", list(range(16)), nbytes=GIB).time_us
+
+
+def test_protocols_follow_message_size(a100):
+    """LL for tiny messages, LL128 in between, simple for the largest (A100 NVLink has LL128)."""
+    protocols = [a100.estimate("all_reduce", gpus=8, nbytes=s).protocol for s in (KIB, 4 * MIB, 4 * GIB)]
+    assert protocols == ["LL", "LL128", "simple"]
+    no_ll128 = NetworkModel(load_topology("dgx-a100-hdr").model_copy(
+        update={"intra_node": load_topology("dgx-a100-hdr").intra_node.model_copy(update={"ll128": False})}))
+    assert "LL128" not in {c.protocol for c in candidates(no_ll128.params, "all_reduce", Shape(8, 1, 8))}
+
+
+def test_tree_latency_grows_with_log_of_nodes(a100):
+    """Small multi-node all-reduces run as trees: 16x the nodes costs far less than 16x the time."""
+    t = {m: a100.estimate("all_reduce", gpus=8 * m, nbytes=8 * KIB) for m in (2, 32)}
+    assert t[2].algorithm == t[32].algorithm == "tree"
+    assert t[32].time_us < 3 * t[2].time_us
 
 
 # --- conventions and structure ------------------------------------------------------------
@@ -132,8 +171,7 @@ def test_tuner_picks_the_fastest_candidate(a100):
     shape = Shape(128, 16, 8)
     for size in (64 * KIB, 16 * GIB):
         est = a100.estimate("all_reduce", gpus=128, nbytes=size)
-        times = {(c.algorithm, c.protocol): c.latency_us + c.traffic * size / c.bytes_per_us
-                 for c in candidates(a100.params, "all_reduce", shape)}
+        times = {(c.algorithm, c.protocol): c.time_us(size) for c in candidates(a100.params, "all_reduce", shape)}
         assert est.time_us == pytest.approx(min(times.values()))
         assert times[(est.algorithm, est.protocol)] == pytest.approx(est.time_us)
     assert a100.estimate("all_reduce", gpus=128, nbytes=64 * KIB).algorithm == "tree"  # log(nodes) latency
@@ -167,8 +205,8 @@ def test_bad_queries_are_refused(a100):
 
 def test_save_load_round_trip(tmp_path, a100):
     topo = load_topology("local-gloo")
-    fitted = replace(NetworkParams.from_topology(topo), intra_lat_us=123.0, ll_bw_fraction=0.0,
-                     op_links={"send": {"latency_us": 90.0, "bandwidth_GBps": 3.5}})
+    fitted = replace(NetworkParams.from_topology(topo).with_protocols(simple={"intra_hop_us": 123.0}),
+                     launch_us=4.0, op_links={"send": {"latency_us": 90.0, "bandwidth_GBps": 3.5}})
     for model in (a100, NetworkModel(topo, fitted, "fitted", {"note": [1, 2]})):
         model.save(tmp_path / "network.json")
         loaded = NetworkModel.load(tmp_path / "network.json")
@@ -201,7 +239,7 @@ def test_collective_main(tmp_path, monkeypatch):
     topo = load_topology("local-gloo")
     path = tmp_path / "results" / "calibrate" / "local-gloo" / "network.json"
     params = NetworkParams.from_topology(topo)
-    NetworkModel(topo, replace(params, intra_lat_us=1.0), "fitted").save(path)
+    NetworkModel(topo, params.with_protocols(simple={"intra_hop_us": 1.0}), "fitted").save(path)
     assert collective_main("local-gloo", "all_reduce", 2, KIB)["source"] == "fitted"
     stale = topo.model_copy(update={"gpus_per_node": 32})
     NetworkModel(stale, params, "fitted").save(path)
@@ -239,12 +277,12 @@ def _held_out_errors(bench: pa.Table) -> np.ndarray:
 
 
 def _close(errors: np.ndarray) -> bool:
-    # the median over all held-out points, and most points (not just the median) near
-    return np.median(errors) < 0.25 and np.mean(errors < 0.5) >= 0.75
+    # issue 5: predict the held-out half within 15% (mean absolute error), no point wildly off
+    return errors.mean() < 0.15 and errors.max() < 0.6
 
 
 def test_gloo_fit_predicts_held_out_sizes(gloo_bench):
-    """Fit on even-indexed sizes, predict the odd ones (typically 5-10% median error here).
+    """Fit on even-indexed sizes, predict the odd ones (typically 5-10% mean error here).
 
     These are real measurements on a machine other jobs may share: a process saturating a
     core for the few seconds of the run inflates many samples at once, so one re-measurement

@@ -1,7 +1,11 @@
 """Network model and the calibrate stage: how long a collective takes on a topology.
 
-- ``NetworkModel`` / ``Estimate``: NCCL-style collective costs (``echo.network.model``).
-- ``run_calibrate(topology, out_dir)``: the calibrate stage (``echo.network.calibrate``).
+- ``NetworkModel`` / ``Estimate``: NCCL-style collective costs (``echo.network.model``, formulas in
+  ``echo.network.costs``); ``NetworkModel.concurrent`` shares links between overlapping transfers
+  (``echo.network.contention``).
+- ``run_calibrate(topology, out_dir, logs=None)``: the calibrate stage (``echo.network.calibrate``),
+  fitted from nccl-tests logs (``echo.network.nccl_tests``, ``echo.network.fit``) or a local gloo
+  benchmark (``echo.network.gloo_bench``), with a bus-bandwidth plot (``echo.network.plots``).
 - ``collective_main``: one query, for ``python -m echo collective``.
 """
 

@@ -1,34 +1,41 @@
 """NCCL-style cost formulas: how long one collective takes on a group of a given placement shape.
 
-Every candidate (algorithm x protocol) is ``time = latency + traffic * bytes / bandwidth``, and,
-as NCCL's tuner does, the fastest candidate wins. The pieces:
+A group sits on ``nodes`` nodes with ``per_node`` GPUs on each (``Shape``). Each way NCCL could
+run a collective (algorithm x protocol) is a ``Candidate``; as NCCL's tuner does, the fastest
+candidate wins. One candidate's time for a message of ``S`` bytes is
 
-- *traffic*: bytes each GPU pushes over its bottleneck link per message byte (ring all-reduce
-  ``2(n-1)/n``, ring all-gather/reduce-scatter ``(n-1)/n``, tree all-reduce ``2``, NVLS
-  all-reduce ``(n+1)/n``: one reduced shard in and the multicast result of every shard).
-- *bandwidth*: intra-node links (``bandwidth_GBps * bus_efficiency``); between nodes, the NICs
-  the group's GPUs own on a node (each GPU's share is ``nic_Gbps * nics_per_node / 8 /
-  gpus_per_node / oversubscription``). A ring crossing nodes runs at the slower of the two.
-- *latency*: one hop latency per algorithm step (intra-node or inter-node hop), scaled by the
-  protocol.
-- all-to-all is ``n-1`` rounds of pairwise exchange whose NVLink and NIC parts overlap;
-  broadcast/reduce are a pipelined chain; send/recv one hop over NVLink or the GPU's NIC share.
+    time = latency + (w + (fill_slowdown - 1) * min(w, fill_bytes)) / bandwidth,   w = traffic * S
 
-Protocols (their constants are properties of NCCL's protocols, not of a machine):
-- ``LL`` (low latency): the flag travels inside each 8-byte line, so a step costs one hop; half
-  of every line is flag and its 8-byte stores reach about half the link peak, so it moves data
-  at ``LL_BW_FRACTION`` = 1/4 of the link (the factor NCCL's own tuner uses for ring LL).
-- ``simple``: full link bandwidth, but each step's data is followed by a separate flag and
-  credit, a round trip: ``SIMPLE_STEP_HOPS`` = 2 hop latencies per step.
-- Trees move data at ``TREE_EFFICIENCY`` = 0.9 of the links (NCCL's tuner figure): in a
-  double binary tree a node is interior in one tree and a leaf in the other, so its links in
-  each direction are not evenly loaded. This is what makes rings win for large messages.
-- NVLS (NVLink SHARP, in-switch reduction) runs at ``NVLS_EFFICIENCY`` = 0.85 of the links
-  (NCCL's tuner figure for Hopper switches: the switch's reduction rate, not the links, limits
-  it); each of its two phases ends in a barrier signalled peer by peer (``n-1`` hops a phase).
+- *latency*, NCCL's tuning model: the protocol's base cost plus one hop latency per algorithm
+  step, an NVLink hop for steps inside a node and a network hop for steps between nodes
+  (ring all-reduce: ``2(n-1)`` steps of which ``2(m-1)`` cross nodes; tree all-reduce:
+  ``2((k-1) + ceil(log2 m))``: a chain inside each node, a double binary tree across nodes).
+- *traffic*: bytes each GPU moves over its bottleneck link per message byte (ring all-reduce
+  ``2(n-1)/n``, all-gather/reduce-scatter ``(n-1)/n``, NVLS ``(n+1)/n``, ...).
+- *bandwidth*: inside a node, the GPU's NVLink/NVSwitch bandwidth; across nodes, the NICs the
+  group's GPUs own on a node (``per_node`` x one GPU's share). Either is scaled by the protocol's
+  ``bw_fraction`` (LL carries a flag in every 8-byte line; LL128 one in every 128 bytes).
+- *pipeline fill*: NCCL moves a message as a pipeline of chunks; until ``fill_bytes`` have gone
+  through, not every stage (channel, step) is busy and data moves at ``1/fill_slowdown`` of the
+  bandwidth. It is why bus bandwidth keeps climbing over 1 MiB..1 GiB while small messages are
+  fast; a topology without a measured ramp uses ``fill_slowdown = 1`` (none).
 
-A fitted model (from a benchmark) replaces the intra-node figures with measured per-step latency
-and bandwidth, per op where measured, and uses the single protocol the benchmark exercised.
+Trees: in NCCL's double binary tree a node is interior in one tree and a leaf in the other, so
+the busiest node moves ``2 S`` over its NICs, at each protocol's ``tree_efficiency`` of the links
+(NCCL's tuner: 0.9, uneven load). On two nodes the busiest node moves only ``S``, but NCCL's
+tuner caps tree bandwidth (``maxTreeBw``) so that large messages still run as rings; the model
+charges ``2 S`` on any node count, which keeps a tree's bandwidth a ring's x tree_efficiency and
+lets trees win, as in NCCL, by their ``log2`` latency. NVLS (NVLink SHARP, in-switch reduction, one node) moves ``(n+1)/n`` at
+``nvls_efficiency`` of the links. All-to-all is ``n-1`` rounds of pairwise exchange whose NVLink
+and NIC parts overlap (each GPU's remote traffic goes through its own NIC: about one NIC per
+peer); broadcast/reduce are a pipelined chain; send/recv one hop over NVLink or the GPU's NIC.
+
+Each candidate also says how many bytes per message byte it puts on each GPU's NVLink port and
+NIC (``nvlink_traffic``, ``nic_traffic``): what ``echo.network.contention`` shares when
+transfers overlap.
+
+A gloo benchmark fit (``op_links``) replaces the intra-node figures with measured per-step
+latency and bandwidth per op, with the single protocol the benchmark exercised.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -44,11 +51,22 @@ from echo.config.topology import Topology
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send", "recv")
 P2P_OPS = ("send", "recv")
+PROTOCOLS = ("LL", "LL128", "simple")
+PROTOCOL_FIELDS = ("base_us", "intra_hop_us", "inter_hop_us", "bw_fraction", "tree_efficiency")
 
-LL_BW_FRACTION = 0.25
-SIMPLE_STEP_HOPS = 2.0
-NVLS_EFFICIENCY = 0.85
-TREE_EFFICIENCY = 0.9
+# Nominal protocol constants (properties of NCCL's protocols, not of a machine), relative to a
+# topology's hop latencies: LL pays one hop per step (the flag travels with the data) and moves
+# data at 1/4 of the link (half of every 8-byte line is flag, and 8-byte stores reach about half
+# the peak; NCCL's tuner uses 1/4); LL128 gives up 8 of every 128 bytes (NCCL's 0.92) and costs
+# about 1.5 hops per step; simple streams at the full link but each step's data is followed by
+# a separate flag and credit, a round trip: 2 hops per step.
+NOMINAL_PROTOCOLS = {
+    "LL": {"hop_factor": 1.0, "bw_fraction": 0.25},
+    "LL128": {"hop_factor": 1.5, "bw_fraction": 0.92},
+    "simple": {"hop_factor": 2.0, "bw_fraction": 1.0},
+}
+NVLS_EFFICIENCY = 0.85  # NCCL's tuner figure for Hopper switches: the switch's reduction rate limits it
+TREE_EFFICIENCY = 0.9   # NCCL's tuner figure: trees load links unevenly
 _GBPS_TO_BYTES_PER_US = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/us
 
 
@@ -75,51 +93,87 @@ class Shape:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run a collective: ``time = latency_us + traffic * bytes / bytes_per_us``."""
+    """One way to run a collective (see the module docstring for the time formula)."""
 
     algorithm: str
     protocol: str
     latency_us: float
-    bytes_per_us: float
-    traffic: float
+    bytes_per_us: float          # bandwidth of the bottleneck link
+    traffic: float               # bytes over the bottleneck link per message byte
+    fill_bytes: float = 0.0      # link bytes that move at 1/fill_slowdown of the bandwidth
+    fill_slowdown: float = 1.0
+    nvlink_traffic: float = 0.0  # per GPU, NVLink bytes per message byte (for contention)
+    nic_traffic: float = 0.0     # per GPU, bytes through its NIC per message byte (for contention)
 
+    def data_us(self, nbytes: float) -> float:
+        """Microseconds the data takes after the latency (scalar)."""
+        w = self.traffic * nbytes
+        return (w + (self.fill_slowdown - 1.0) * min(w, self.fill_bytes)) / self.bytes_per_us
 
-@dataclass(frozen=True)
-class Protocol:
-    name: str
-    bw_fraction: float  # share of link bandwidth the protocol delivers
-    step_hops: float    # hop latencies one algorithm step costs
+    def time_us(self, nbytes: float) -> float:
+        return self.latency_us + self.data_us(nbytes)
+
+    def times_us(self, nbytes: np.ndarray) -> np.ndarray:
+        w = self.traffic * np.asarray(nbytes, dtype=np.float64)
+        return self.latency_us + (w + (self.fill_slowdown - 1.0) * np.minimum(w, self.fill_bytes)) / self.bytes_per_us
 
 
 @dataclass(frozen=True)
 class NetworkParams:
-    """Every number the cost formulas use; nominal ones come from a Topology, fitted ones from a fit."""
+    """Every number the cost formulas use; nominal ones come from a Topology, fitted ones from a fit.
+
+    ``protocols``: name -> ``{"base_us", "intra_hop_us", "inter_hop_us", "bw_fraction",
+    "tree_efficiency"}`` (the last: the share of the links a tree gets with this protocol).
+    """
 
     gpus_per_node: int
-    intra_bw_GBps: float   # achievable per GPU per direction inside a node
-    intra_lat_us: float    # one intra-node hop
+    intra_bw_GBps: float   # achievable per GPU per direction inside a node (simple protocol)
     nic_bw_GBps: float     # one GPU's share of its node's NICs, after oversubscription
-    inter_lat_us: float    # one inter-node hop
     nvls: bool
+    protocols: dict[str, dict[str, float]]
+    fill_bytes: float = 0.0     # pipeline fill (link bytes), see the module docstring
+    fill_slowdown: float = 1.0
     nvls_efficiency: float = NVLS_EFFICIENCY
-    tree_efficiency: float = TREE_EFFICIENCY
-    ll_bw_fraction: float = LL_BW_FRACTION  # 0 disables the LL protocol
-    simple_step_hops: float = SIMPLE_STEP_HOPS
+    # CPU time one thread spends launching a collective on one GPU. nccl-tests -g N queues its
+    # iterations back to back, so its times are at least N x launch_us; jobs with one process
+    # per GPU (what is simulated) issue ahead of the GPU and never see this floor.
+    launch_us: float = 0.0
     # op -> {"latency_us": per step, "bandwidth_GBps": ...}: measured intra-node figures per op
     op_links: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = set(self.protocols) - set(PROTOCOLS)
+        if unknown or not self.protocols:
+            raise ValueError(f"network params: protocols must be some of {PROTOCOLS}, got {sorted(self.protocols)}")
+        for name, proto in self.protocols.items():
+            if set(proto) != set(PROTOCOL_FIELDS):
+                raise ValueError(f"network params: protocol {name} needs {', '.join(PROTOCOL_FIELDS)}; "
+                                 f"got {sorted(proto)}")
+        if self.fill_slowdown < 1 or self.fill_bytes < 0:
+            raise ValueError("network params: fill_slowdown must be >= 1 and fill_bytes >= 0")
 
     @classmethod
     def from_topology(cls, topo: Topology) -> NetworkParams:
         # bus_efficiency derates the intra-node bus (NVLink packet overhead keeps collectives at
         # ~80% of the wire rate); NICs stream near their line rate, so their share is not derated.
         nic_node_GBps = topo.inter_node.nic_Gbps * topo.inter_node.nics_per_node / 8
+        if topo.protocols:
+            protocols = {name: p.model_dump() for name, p in topo.protocols.items()}
+        else:
+            protocols = {
+                name: {"base_us": 0.0, "intra_hop_us": c["hop_factor"] * topo.intra_node.latency_us,
+                       "inter_hop_us": c["hop_factor"] * topo.inter_node.latency_us, "bw_fraction": c["bw_fraction"],
+                       "tree_efficiency": TREE_EFFICIENCY}
+                for name, c in NOMINAL_PROTOCOLS.items() if name != "LL128" or topo.intra_node.ll128
+            }
         return cls(
             gpus_per_node=topo.gpus_per_node,
             intra_bw_GBps=topo.intra_node.bandwidth_GBps * topo.bus_efficiency,
-            intra_lat_us=topo.intra_node.latency_us,
             nic_bw_GBps=nic_node_GBps / topo.gpus_per_node / topo.inter_node.oversubscription,
-            inter_lat_us=topo.inter_node.latency_us,
             nvls=topo.intra_node.nvls,
+            protocols=protocols,
+            fill_bytes=topo.pipeline.fill_MB * 1e6,
+            fill_slowdown=topo.pipeline.fill_slowdown,
         )
 
     @classmethod
@@ -129,11 +183,12 @@ class NetworkParams:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def protocols(self) -> list[Protocol]:
-        simple = Protocol("simple", 1.0, self.simple_step_hops)
-        if self.ll_bw_fraction <= 0:
-            return [simple]
-        return [Protocol("LL", self.ll_bw_fraction, 1.0), simple]
+    def with_protocols(self, **changes: dict[str, float]) -> NetworkParams:
+        """A copy with some protocols' fields changed: ``with_protocols(LL={"base_us": 5.0})``."""
+        protocols = {name: dict(p) for name, p in self.protocols.items()}
+        for name, fields in changes.items():
+            protocols[name].update(fields)
+        return replace(self, protocols=protocols)
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -161,56 +216,80 @@ def ring_traffic(op: str, n: int) -> float:
     return bus_factor(op, n)
 
 
-def _intra(params: NetworkParams, op: str) -> tuple[float, float]:
+TREE_NIC_TRAFFIC = 2.0  # NIC bytes per message byte on a tree's busiest node (module docstring)
+
+
+def _fill(params: NetworkParams, bw: float, intra_bw: float) -> float:
+    """Fill bytes of a candidate whose bottleneck runs at ``bw``: the pipeline fill is a fixed
+    time (measured on the intra-node links), so a slower bottleneck fills with fewer bytes."""
+    return params.fill_bytes * min(1.0, bw / intra_bw)
+
+
+def _intra(params: NetworkParams, op: str, proto: dict) -> tuple[float, float]:
     """(hop latency us, bandwidth GB/s) inside a node for ``op``: measured if a fit has it."""
     link = params.op_links.get(op)
     if link:
         return link["latency_us"], link["bandwidth_GBps"]
-    return params.intra_lat_us, params.intra_bw_GBps
+    return proto["intra_hop_us"], params.intra_bw_GBps * proto["bw_fraction"]
 
 
-def _ring(params: NetworkParams, op: str, s: Shape, proto: Protocol) -> Candidate:
-    lat_i, bw_i = _intra(params, op)
+def _ring(params: NetworkParams, op: str, s: Shape, name: str, proto: dict) -> Candidate:
+    hop_i, bw_i = _intra(params, op, proto)
     steps, inter = ring_steps(op, s.gpus, s.nodes)
-    latency = proto.step_hops * ((steps - inter) * lat_i + inter * params.inter_lat_us)
-    bw = bw_i
-    if s.nodes > 1:
-        node_bw = s.per_node * params.nic_bw_GBps  # every node boundary is crossed via these NICs
-        bw = min(bw_i, node_bw) if s.per_node > 1 else node_bw
-    algo = "p2p" if op in P2P_OPS else "ring"
-    return Candidate(algo, proto.name, latency, bw * proto.bw_fraction * _GBPS_TO_BYTES_PER_US,
-                     ring_traffic(op, s.gpus))
+    latency = proto["base_us"] + (steps - inter) * hop_i + inter * proto["inter_hop_us"]
+    traffic = ring_traffic(op, s.gpus)
+    if s.nodes == 1:
+        return Candidate("p2p" if op in P2P_OPS else "ring", name, latency, bw_i * _GBPS_TO_BYTES_PER_US, traffic,
+                         params.fill_bytes, params.fill_slowdown, traffic, 0.0)
+    k = s.per_node
+    node_bw = k * params.nic_bw_GBps * proto["bw_fraction"]  # every node boundary is crossed via these NICs
+    bw = min(bw_i, node_bw) if k > 1 else node_bw
+    # per GPU: of the k rings through a node, one leaves it through this GPU's NIC
+    return Candidate("p2p" if op in P2P_OPS else "ring", name, latency, bw * _GBPS_TO_BYTES_PER_US, traffic,
+                     _fill(params, bw, bw_i), params.fill_slowdown, traffic * (k - 1) / k, traffic / k)
 
 
-def _tree(params: NetworkParams, s: Shape, proto: Protocol) -> Candidate:
-    """NCCL's multi-node all-reduce tree: a chain inside each node, a double binary tree across.
-
-    Each node sends the message up and down once (2x), but latency grows with log2(nodes)."""
-    hops = 2 * ((s.per_node - 1) * params.intra_lat_us + math.ceil(math.log2(s.nodes)) * params.inter_lat_us)
-    node_bw = s.per_node * params.nic_bw_GBps
-    bw = (min(params.intra_bw_GBps, node_bw) if s.per_node > 1 else node_bw) * params.tree_efficiency
-    return Candidate("tree", proto.name, proto.step_hops * hops,
-                     bw * proto.bw_fraction * _GBPS_TO_BYTES_PER_US, 2.0)
+def _tree(params: NetworkParams, s: Shape, name: str, proto: dict) -> Candidate:
+    """NCCL's multi-node all-reduce tree: a chain inside each node, a double binary tree across."""
+    k, m = s.per_node, s.nodes
+    latency = proto["base_us"] + 2 * ((k - 1) * proto["intra_hop_us"] + math.ceil(math.log2(m)) * proto["inter_hop_us"])
+    frac = proto["bw_fraction"]
+    nic = TREE_NIC_TRAFFIC / k
+    per_byte = nic / (params.nic_bw_GBps * frac * proto["tree_efficiency"])
+    if k > 1:  # up and down the chain inside the node
+        per_byte = max(per_byte, 2.0 / (params.intra_bw_GBps * frac))
+    per_byte /= _GBPS_TO_BYTES_PER_US
+    # traffic 2 (nccl-tests' tree convention: algbw = busbw / 2), so that the pipeline fill
+    # counts bus bytes as it does for rings
+    return Candidate("tree", name, latency, 2.0 / per_byte, 2.0,
+                     _fill(params, 2.0 / per_byte / _GBPS_TO_BYTES_PER_US, params.intra_bw_GBps * frac), params.fill_slowdown,
+                     2.0 if k > 1 else 0.0, nic)
 
 
 def _nvls(params: NetworkParams, s: Shape) -> Candidate:
-    """NVLink SHARP all-reduce inside one node (simple protocol only, as in NCCL)."""
+    """NVLink SHARP all-reduce inside one node (simple protocol only, as in NCCL): the two phases
+    (reduce-scatter through the switch, multicast all-gather) each end in a barrier signalled
+    peer by peer."""
     n = s.gpus
+    proto = params.protocols.get("simple") or next(iter(params.protocols.values()))
+    latency = proto["base_us"] + (n - 1) * proto["intra_hop_us"]
     bw = params.intra_bw_GBps * params.nvls_efficiency
-    return Candidate("nvls", "simple", 2 * (n - 1) * params.intra_lat_us, bw * _GBPS_TO_BYTES_PER_US,
-                     (n + 1) / n)
+    traffic = (n + 1) / n
+    return Candidate("nvls", "simple", latency, bw * _GBPS_TO_BYTES_PER_US, traffic,
+                     params.fill_bytes, params.fill_slowdown, traffic, 0.0)
 
 
-def _direct(params: NetworkParams, op: str, s: Shape, proto: Protocol) -> Candidate:
+def _direct(params: NetworkParams, op: str, s: Shape, name: str, proto: dict) -> Candidate:
     """All-to-all as n-1 rounds of pairwise exchange; NVLink and NIC parts move concurrently."""
     n, k = s.gpus, s.per_node
-    lat_i, bw_i = _intra(params, op)
-    latency = proto.step_hops * ((k - 1) * lat_i + (n - k) * params.inter_lat_us)
-    # seconds-per-message-byte of each part; the slower part sets the pace
-    per_byte = max((k - 1) / n / bw_i, (n - k) / n / params.nic_bw_GBps)
+    hop_i, bw_i = _intra(params, op, proto)
+    latency = proto["base_us"] + (k - 1) * hop_i + (n - k) * proto["inter_hop_us"]
+    nic_bw = params.nic_bw_GBps * proto["bw_fraction"]
+    # microseconds per message byte of each part; the slower part sets the pace
+    per_byte = max((k - 1) / n / bw_i, (n - k) / n / nic_bw if n > k else 0.0) / _GBPS_TO_BYTES_PER_US
     traffic = (n - 1) / n
-    return Candidate("direct", proto.name, latency,
-                     traffic / per_byte * proto.bw_fraction * _GBPS_TO_BYTES_PER_US, traffic)
+    return Candidate("direct", name, latency, traffic / per_byte, traffic, params.fill_bytes, params.fill_slowdown,
+                     (k - 1) / n, (n - k) / n)
 
 
 NO_COST = Candidate("none", "none", 0.0, math.inf, 0.0)  # a group of one GPU moves nothing
@@ -223,14 +302,15 @@ def candidates(params: NetworkParams, op: str, shape: Shape) -> list[Candidate]:
     if shape.gpus < 2:
         return []
     out = []
-    for proto in params.protocols():
+    measured = op in params.op_links
+    for name, proto in params.protocols.items():
         if op == "all_to_all":
-            out.append(_direct(params, op, shape, proto))
+            out.append(_direct(params, op, shape, name, proto))
             continue
-        out.append(_ring(params, op, shape, proto))
-        if op == "all_reduce" and shape.nodes > 1 and "all_reduce" not in params.op_links:
-            out.append(_tree(params, shape, proto))
-    if op == "all_reduce" and shape.nodes == 1 and params.nvls and "all_reduce" not in params.op_links:
+        out.append(_ring(params, op, shape, name, proto))
+        if op == "all_reduce" and shape.nodes > 1 and not measured:
+            out.append(_tree(params, shape, name, proto))
+    if op == "all_reduce" and shape.nodes == 1 and params.nvls and not measured:
         out.append(_nvls(params, shape))
     return out
 
@@ -239,7 +319,26 @@ def best(cands: list[Candidate], nbytes: float) -> tuple[float, Candidate]:
     """(time us, candidate) of the fastest candidate for one size: the scalar fast path."""
     if nbytes <= 0 or not cands:
         return 0.0, NO_COST
-    return min(((c.latency_us + c.traffic * nbytes / c.bytes_per_us, c) for c in cands), key=lambda tc: tc[0])
+    best_time, best_cand = math.inf, NO_COST
+    for c in cands:
+        w = c.traffic * nbytes
+        fill = c.fill_bytes if w > c.fill_bytes else w
+        t = c.latency_us + (w + (c.fill_slowdown - 1.0) * fill) / c.bytes_per_us
+        if t < best_time:
+            best_time, best_cand = t, c
+    return best_time, best_cand
+
+
+def candidate_times(cands: list[Candidate], nbytes: np.ndarray) -> np.ndarray:
+    """Times (us), one row per candidate, one column per size."""
+    sizes = np.asarray(nbytes, dtype=np.float64).reshape(1, -1)
+    lat = np.array([c.latency_us for c in cands])[:, None]
+    traffic = np.array([c.traffic for c in cands])[:, None]
+    inv_bw = np.array([1.0 / c.bytes_per_us for c in cands])[:, None]
+    fill = np.array([c.fill_bytes for c in cands])[:, None]
+    slow = np.array([c.fill_slowdown for c in cands])[:, None]
+    w = traffic * sizes
+    return lat + (w + (slow - 1.0) * np.minimum(w, fill)) * inv_bw
 
 
 def predict(params: NetworkParams, op: str, shape: Shape, nbytes: np.ndarray) -> tuple[np.ndarray, list[Candidate]]:
@@ -250,9 +349,7 @@ def predict(params: NetworkParams, op: str, shape: Shape, nbytes: np.ndarray) ->
     cands = candidates(params, op, shape)
     if not cands:
         return np.zeros_like(sizes), [NO_COST] * sizes.size
-    lat = np.array([c.latency_us for c in cands])[:, None]
-    per_byte = np.array([c.traffic / c.bytes_per_us for c in cands])[:, None]
-    times = lat + per_byte * sizes.reshape(1, -1)
+    times = candidate_times(cands, sizes.reshape(-1))
     best_idx = times.argmin(axis=0)
     chosen = times[best_idx, np.arange(times.shape[1])]
     chosen = np.where(sizes.reshape(-1) > 0, chosen, 0.0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,8 +104,18 @@ def _agreed_max(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def _low_quantile(samples: list[float], q: float = 0.2) -> float:
+    """The ``q`` quantile of the samples: what the op costs when the machine lets it run.
+
+    Interference (other processes on a shared machine, loopback stalls) only ever adds time, so
+    a low quantile estimates the op's own cost; the median drifts with the machine's load."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def _sweep(runs: list, iters: int) -> list[float]:
-    """Median microseconds per op for each runner in ``runs`` (at least ``iters`` samples each).
+    """Microseconds per op (a low quantile of the samples, ``_low_quantile``) for each runner in
+    ``runs`` (at least ``iters`` samples each).
 
     Loopback on a small shared machine stalls in bursts (a few ms, many in a row), so one size
     must not be timed in one go: ``_PASSES`` passes visit every runner in turn, each visit timing
@@ -124,7 +133,7 @@ def _sweep(runs: list, iters: int) -> list[float]:
     for _ in range(passes):
         for run, count, out in zip(runs, per_visit, samples, strict=True):
             out.extend(_time_once(run) for _ in range(count))
-    return [statistics.median(_agreed_max(out)) for out in samples]
+    return [_low_quantile(_agreed_max(out)) for out in samples]
 
 
 def _worker(rank: int, spec: dict) -> None:

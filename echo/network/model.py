@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,9 +27,10 @@ SOURCES = ("nominal", "fitted")
 _CACHE_SIZE = 1 << 16
 
 
-@dataclass(frozen=True)
-class Estimate:
-    """One collective's predicted cost; bandwidths in nccl-tests' sense (GB/s = 1e9 B/s)."""
+class Estimate(NamedTuple):
+    """One collective's predicted cost; bandwidths in nccl-tests' sense (GB/s = 1e9 B/s).
+
+    (A named tuple: the simulator makes millions, and a frozen dataclass is slower to build.)"""
 
     time_us: float
     algbw_GBps: float
@@ -88,6 +89,18 @@ class NetworkModel:
             "algorithm": [c.algorithm for c in chosen], "protocol": [c.protocol for c in chosen],
         }
 
+    def concurrent(self, transfers: Sequence, starts_us: Sequence[float] | None = None) -> list[float]:
+        """Durations (us) of transfers that overlap, sharing the links they have in common.
+
+        ``transfers``: ``(op, group, nbytes)`` tuples (group = global ranks; for ``send`` the
+        group is ``[src, dst]``, for ``recv`` ``[self, peer]``, as in COMMS), all starting at 0
+        unless ``starts_us`` says otherwise. Each transfer runs its standalone algorithm; where
+        several use one GPU's NVLink port or NIC at once they get max-min fair shares of it
+        (``echo.network.contention``). A transfer alone takes exactly ``estimate(...).time_us``."""
+        from echo.network.contention import simulate_transfers
+
+        return simulate_transfers(self, transfers, starts_us)
+
     def _estimate_shape(self, op: str, shape: Shape, nbytes: int) -> Estimate:
         time_us, chosen = best(self._candidates(op, shape), nbytes)
         algbw = nbytes / (time_us * 1e3) if time_us > 0 else 0.0
@@ -101,8 +114,13 @@ class NetworkModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkModel:
-        topo = Topology.model_validate(data["topology"])
-        return cls(topo, NetworkParams.from_dict(data["params"]), data["source"], data.get("fit"))
+        try:
+            topo = Topology.model_validate(data["topology"])
+            params = NetworkParams.from_dict(data["params"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"network model written by another version of echo.network ({exc}); "
+                             "re-run the calibrate stage") from None
+        return cls(topo, params, data["source"], data.get("fit"))
 
     def save(self, path: str | Path) -> None:
         write_json(self.to_dict(), path)
@@ -113,22 +131,40 @@ class NetworkModel:
 
 
 def model_for(topology_name: str, results: str | Path = RESULTS, config_root: Path | None = None) -> NetworkModel:
-    """The calibrated model of a topology if calibrate has run for this very config, else nominal.
+    """The calibrated model of a topology: calibrate's network.json if it was written for this
+    very config (and this version of the model), else, for a topology calibrated from nccl-tests
+    logs, a fit of them made now (a few seconds), else the nominal model.
 
     A network.json written for an older version of the topology file is ignored: its fit
-    describes a network that no longer exists."""
+    describes a network that no longer exists. A local gloo benchmark is not run here (it takes
+    the machine for a while): ``python -m echo calibrate`` does that."""
     topo = load_topology(topology_name, root=config_root)
     path = Path(results) / "calibrate" / topology_name / "network.json"
     if path.is_file():
-        model = NetworkModel.load(path)
-        if model.topology == topo:
+        try:
+            model = NetworkModel.load(path)
+        except (KeyError, TypeError, ValueError):  # written by another version of the model
+            model = None
+        if model is not None and model.topology == topo:
             return model
+    if topo.calibration.source == "nccl_tests":
+        from echo.config import config_path
+        from echo.network.calibrate import calibrated_model
+
+        config_file = config_path("topology", topology_name, config_root)
+        model, _ = calibrated_model(topo, config_file=config_file, root=config_file.parents[2], holdout=False)
+        return model
     return NetworkModel(topo)
 
 
 def collective_main(topology_name: str, op: str, gpus: int, nbytes: int, *,
                     results: str | Path = RESULTS, config_root: Path | None = None) -> dict:
-    """``python -m echo collective``: one collective on ranks 0..gpus-1, as a JSON-able dict."""
+    """``python -m echo collective``: one collective on ranks 0..gpus-1, as a JSON-able dict.
+
+    Ranks fill nodes in order, so N <= gpus_per_node GPUs share one node and N = k x
+    gpus_per_node span k whole nodes (other N leave the last node partly used)."""
+    if gpus < 1 or nbytes < 0:
+        raise ValueError(f"collective: need --gpus >= 1 and --bytes >= 0, got {gpus} and {nbytes}")
     model = model_for(topology_name, results, config_root)
     est = model.estimate(op, gpus=gpus, nbytes=nbytes)
     shape = model.shape(gpus=gpus)

@@ -1,4 +1,4 @@
-"""rule calibrate: echo.network.run_calibrate(topology, out_dir)."""
+"""rule calibrate: echo.network.run_calibrate(topology, out_dir, logs)."""
 
 from pathlib import Path
 
@@ -12,7 +12,7 @@ def main() -> None:
     from echo.network import run_calibrate
 
     topology = Topology.model_validate(sm.params.topology)
-    run_calibrate(topology, Path(sm.output.collectives).parent)
+    run_calibrate(topology, Path(sm.output.collectives).parent, logs=list(sm.input.logs))
 
 
 _stage.run(sm, main)
