@@ -28,6 +28,7 @@ include: "workflow/rules/trace.smk"
 include: "workflow/rules/dedup.smk"
 include: "workflow/rules/profile.smk"
 include: "workflow/rules/calibrate.smk"
+include: "workflow/rules/overlap.smk"
 include: "workflow/rules/simulate.smk"
 include: "workflow/rules/report.smk"
 

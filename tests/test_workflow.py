@@ -31,11 +31,13 @@ TINY = [("tiny-dp2", "local-cpu", "local-gloo"), ("tiny-tp2", "local-cpu", "loca
         ("tiny-pp2", "local-cpu", "local-gloo")]
 
 
-def jobs_for(experiments, rules=("trace", "dedup", "profile", "calibrate", "simulate")) -> set:
+def jobs_for(experiments, rules=("trace", "dedup", "profile", "calibrate", "overlap", "simulate")) -> set:
     out = set()
     for w, h, t in experiments:
         out |= {job("trace", workload=w), job("dedup", workload=w), job("profile", workload=w, hardware=h),
                 job("calibrate", topology=t), job("simulate", workload=w, hardware=h, topology=t)}
+        if h == "local-cpu":  # the overlap slowdown is measured on the local device
+            out.add(job("overlap", hardware=h))
     return {j for j in out if j[0] in rules}
 
 

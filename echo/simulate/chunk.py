@@ -1,31 +1,45 @@
-"""Op level: one traced rank's ops reduced to the durations of its schedule tasks.
+"""Op level: one traced rank's ops as task programs, and the replay of a program on a device.
 
 A rank's trace holds one forward and one backward per chunk (a per-micro-batch template), the
-data-parallel gradient reduction (grad_sync) and the optimizer step. Each becomes one task whose
-duration comes from replaying its ops on two streams:
+data-parallel gradient reduction (grad_sync) and the optimizer step. Each becomes a ``Program``
+that both engines replay op by op on a device (``gpu.Gpu``):
 
 - compute and memcpy ops run one after another on the compute stream (kernel times from
-  kernels.parquet);
-- blocking collectives (TP) hold the compute stream for their network time;
-- non-blocking collectives queue on the comm stream once issued, overlapping compute; the
-  compute stream only waits where an op consumes their result (deps.parquet) or at the end of
-  the task, and that wait is the exposed part;
-- p2p sends and receives are left to the engine, which knows when the peer stage is ready.
+  kernels.parquet), slowed while a transfer of the device is in flight (overlap slowdown);
+- blocking collectives (TP) hold the compute stream for their network time; in the full engine
+  they start when the last member of the group arrives;
+- non-blocking collectives queue on the comm stream once issued, overlapping compute; the compute
+  stream waits where an op consumes their result (deps.parquet) and at the end of the task, and
+  that wait is the exposed part;
+- a p2p recv holds the compute stream until its data has arrived; a p2p send is queued on the
+  device's p2p stream of its direction and overlaps what follows.
 
-Every microsecond a task's compute stream is not computing is attributed to the communication
-it was waiting for, so duration = compute + exposed comm holds exactly.
+Every microsecond the compute stream is not computing is attributed to what it waited for
+(a collective kind, or the pipeline: pp if a transfer was in flight, else bubble), so a task's
+end - start = compute + exposed + bubble holds exactly.
+
+A program's replay on an idle device from time 0 (``Program.cost``) is computed once; the
+symmetric engine shifts it whenever nothing of the device overlaps the task, and jumps over the
+rest of a task once the overlap is over.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+
+from echo.simulate.gpu import Flow, Gpu
 
 # Which schedule task each trace phase belongs to. Recomputation runs right before the backward
 # of the same micro-batch (Megatron-LM's checkpointing and torch.utils.checkpoint alike).
 TASK_OF_PHASE = {"forward": "F", "backward": "B", "recompute": "B", "grad_sync": "grad_sync",
                  "optimizer": "optimizer"}
 COMPUTE_KINDS = ("compute", "memcpy")
+COMPUTE, BLOCKING, ASYNC, SEND, RECV = range(5)
+_EMPTY: Mapping = MappingProxyType({})
 
 
 class MissingKernelError(LookupError):
@@ -38,21 +52,45 @@ class MissingKernelError(LookupError):
 
 @dataclass(frozen=True)
 class Op:
-    """One recorded op, reduced to what the op-level replay needs."""
+    """One recorded op, reduced to what the replay needs."""
 
     seq: int
     kind: str              # compute | memcpy | collective | p2p
-    stream: str            # compute | comm | p2p
-    duration_us: float     # kernel time, or network time of a collective
+    stream: str            # compute | comm | p2p_fwd | p2p_bwd (p2p: a send's queue)
+    duration_us: float     # kernel time, or network time of a collective / transfer
     blocking: bool = False
     comm_kind: str = ""    # group kind of a collective (tp, dp, pp, cp, ep, world)
     flops: float = 0.0
     recompute: bool = False
+    slowdown: float = 0.0  # s of a compute op's class: speed 1 / (1 + s) beside a transfer
+    op: str = ""           # collective or p2p op (all_reduce, ..., send, recv)
+    group: tuple[int, ...] = ()  # global ranks (p2p: the two ends)
+    peer: int = -1         # p2p peer's global rank
+    link: str = "nic"      # nic (group spans nodes) | nvlink
+    nbytes: int = 0
+    carry: bool = False    # a gradient bucket moved into the last backward: the task does not drain it
+    latency_us: float = 0.0  # of duration_us, the part that uses no bandwidth (network model)
+    loads: tuple[tuple[tuple, float], ...] = ()  # links it loads and how much (network model)
+
+    @cached_property
+    def flow(self) -> Flow:
+        """The transfer as link sharing sees it; without the network model's figures it fills
+        its device's link of its class (nic or nvlink)."""
+        return Flow(self.latency_us, max(self.duration_us - self.latency_us, 0.0),
+                    self.loads or (((self.link, "tx"), 1.0),))
+
+    @cached_property
+    def code(self) -> int:
+        if self.kind in COMPUTE_KINDS:
+            return COMPUTE
+        if self.kind == "p2p":
+            return RECV if self.op == "recv" else SEND
+        return BLOCKING if self.blocking else ASYNC
 
 
 @dataclass(frozen=True)
 class TaskCost:
-    """What one task costs its rank: the time it holds the compute stream, and how that splits."""
+    """A task replayed on an idle device from time 0: what it costs its stage."""
 
     duration_us: float = 0.0
     compute_us: float = 0.0
@@ -60,163 +98,415 @@ class TaskCost:
     flops: float = 0.0              # matmul-class FLOPs executed, recomputation included
     recompute_flops: float = 0.0
     comm_us: tuple[float, ...] = ()  # non-blocking collectives' network times, in issue order
+    slowdown_us: float = 0.0        # of compute_us, what the overlap slowdown added
+    sends: tuple[tuple[float, float], ...] = ()  # p2p sends' (start, end)
 
     def exposed(self, kind: str) -> float:
         return sum(us for k, us in self.exposed_us if k == kind)
 
 
+@dataclass
+class Run:
+    """One replay of a program on a device."""
+
+    start: float
+    end: float = 0.0
+    begin: float = -1.0     # when the task got past its leading recvs (its first other op)
+    compute_us: float = 0.0
+    slowdown_us: float = 0.0
+    bubble_us: float = 0.0
+    exposed: dict[str, float] = field(default_factory=dict)
+    sends: list[tuple[float, float, Op]] = field(default_factory=list)
+    flows: list[tuple[float, float, Op]] = field(default_factory=list)   # non-blocking collectives
+    colls: list[tuple[float, float, Op]] = field(default_factory=list)   # blocking collectives (full mode)
+
+    def expose(self, kind: str, us: float) -> None:
+        if us > 0:
+            self.exposed[kind] = self.exposed.get(kind, 0.0) + us
+
+
+class Program:
+    """One task's ops, compiled for replay, with its clean replay (idle device, time 0)."""
+
+    __slots__ = ("ops", "waits", "steps", "recvs", "recv_first", "cost", "_at", "_jump", "_cum", "_kinds",
+                 "flops", "recompute_flops", "has_async", "send_ops", "_send_at")
+
+    def __init__(self, ops: Iterable[Op] = (), waits: Mapping[int, Sequence[int]] | None = None):
+        self.ops = tuple(ops)
+        seqs = {op.seq for op in self.ops if op.code == ASYNC}
+        self.waits = {dst: tuple(s for s in srcs if s in seqs) for dst, srcs in (waits or {}).items()
+                      if any(s in seqs for s in srcs)}
+        self.steps = [(op.code, op.duration_us, op.slowdown, op, op.flow if op.code in (ASYNC, SEND) else None)
+                      for op in self.ops]
+        codes = [s[0] for s in self.steps]
+        self.recvs = codes.count(RECV)
+        first_other = next((i for i, c in enumerate(codes) if c != RECV), len(codes))
+        self.recv_first = RECV not in codes[first_other:]
+        self.has_async = ASYNC in codes
+        self.send_ops = tuple(op for op in self.ops if op.code == SEND)
+        self._send_at = tuple(i for i, c in enumerate(codes) if c == SEND)
+        self.flops = sum(op.flops for op in self.ops)
+        self.recompute_flops = sum(op.flops for op in self.ops if op.recompute)
+        self._clean()
+
+    def _clean(self) -> None:
+        """Replay on an idle device; keep, per op, its start and whether the suffix from it can be
+        jumped over (device idle there, no recv or non-blocking collective from there on)."""
+        n = len(self.steps)
+        gpu = Gpu()
+        at, idle = [0.0] * (n + 1), [False] * (n + 1)
+        kinds = sorted({op.comm_kind for op in self.ops if op.code in (BLOCKING, ASYNC)})
+        cum = {k: [0.0] * (n + 1) for k in ("compute", "slowdown", *kinds)}
+        probe: list = []
+        run = _replay(self, gpu, 0.0, [(0.0, 0.0)] * self.recvs, probe=probe)
+        for i, (t, was_idle, compute, slow, exposed) in enumerate(probe):
+            at[i], idle[i] = t, was_idle
+            cum["compute"][i], cum["slowdown"][i] = compute, slow
+            for k in kinds:
+                cum[k][i] = exposed.get(k, 0.0)
+        at[n], idle[n] = run.end, True
+        cum["compute"][n], cum["slowdown"][n] = run.compute_us, run.slowdown_us
+        for k in kinds:
+            cum[k][n] = run.exposed.get(k, 0.0)
+        tail_ok = [True] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            tail_ok[i] = tail_ok[i + 1] and self.steps[i][0] not in (RECV, ASYNC)
+        self._at, self._cum, self._kinds = at, cum, kinds
+        self._jump = [idle[i] and tail_ok[i] for i in range(n + 1)]
+        self.cost = TaskCost(duration_us=run.end, compute_us=run.compute_us,
+                             exposed_us=tuple(sorted(run.exposed.items())), flops=self.flops,
+                             recompute_flops=self.recompute_flops,
+                             comm_us=tuple(op.duration_us for op in self.ops if op.code == ASYNC),
+                             slowdown_us=run.slowdown_us, sends=tuple((a, b) for a, b, _ in run.sends))
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+def _replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, float]],
+            probe: list | None = None, drain: tuple[str, str] | None = None) -> Run:
+    """Replay ``prog`` on ``gpu`` from ``start`` in symmetric mode: every member of a collective
+    is alike, so it starts when this device is ready. ``recvs``: (transfer start, arrival) of each
+    recv in order. ``drain``: (stream, kind) the task also waits for at its end (the comm stream,
+    when gradient buckets were carried out of the last backward). ``probe``: filled with the
+    state before each op (the clean replay)."""
+    gen = replay_steps(prog, gpu, start, recvs=recvs, probe=probe, drain=drain)
+    try:
+        request = next(gen)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError(f"symmetric replay cannot serve {request[0]}")  # pragma: no cover
+
+
+def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple[float, float]] | None = None,
+                 probe: list | None = None, drain: tuple[str, str] | None = None):
+    """The op semantics of both engines, as a generator returning the ``Run``.
+
+    With ``recvs`` given (symmetric mode) it never yields. Without (full mode) it yields, and
+    expects back: ``("coll", op, arrive)`` -> the collective's start (the last member's arrival);
+    ``("async", op, ready)`` -> (start, end), the engine having recorded the transfer on every
+    member's device; ``("send", op, (start, end))`` -> None; ``("recv", op)`` -> (transfer start,
+    arrival) of the matching send."""
+    full = recvs is None
+    run = Run(start)
+    t = start
+    ends: dict[int, tuple[float, str]] = {}
+    drain_end, drain_kind = start, ""
+    ri = 0
+    waits = prog.waits
+    steps = prog.steps
+    jump = prog._jump if probe is None and not full else None
+    n = len(steps)
+    i = 0
+    while i < n:
+        if jump is not None and jump[i] and t >= drain_end and gpu.idle_after(t):
+            _jump(prog, run, gpu, i, t)
+            return _finish(run, gpu, drain)
+        code, dur, s, op, flow = steps[i]
+        if run.begin < 0 and code != RECV:
+            run.begin = t
+        if probe is not None:
+            probe.append((t, gpu.idle_after(t), run.compute_us, run.slowdown_us, dict(run.exposed)))
+        i += 1
+        if op.seq in waits:
+            ready, why = max((ends.get(src, (0.0, "")) for src in waits[op.seq]), key=lambda e: e[0])
+            if ready > t:
+                run.expose(why, ready - t)
+                t = ready
+        if code == COMPUTE:
+            end = gpu.stretch(t, dur, s)
+            run.compute_us += end - t
+            if end - t > dur:
+                run.slowdown_us += end - t - dur
+            t = end
+        elif code == BLOCKING:
+            if op.stream == "comm":
+                free = gpu.stream_free.get("comm", 0.0)
+                if free > t:
+                    run.expose(op.comm_kind, free - t)
+                    t = free
+            begin = (yield ("coll", op, t)) if full else t
+            run.expose(op.comm_kind, begin + dur - t)  # waiting for the last member, then the transfer
+            if full:
+                run.colls.append((begin, begin + dur, op))
+            t = begin + dur
+            if op.stream == "comm":
+                gpu.stream_free["comm"] = t
+        elif code == ASYNC:
+            if full:
+                a, b = yield ("async", op, gpu.ready("comm", t))
+            else:
+                a, b = gpu.transfer("comm", flow, t)
+            ends[op.seq] = (b, op.comm_kind)
+            run.flows.append((a, b, op))
+            if not op.carry and b > drain_end:
+                drain_end, drain_kind = b, op.comm_kind
+        elif code == SEND:
+            a, b = gpu.transfer(op.stream, flow, t)
+            run.sends.append((a, b, op))
+            if full:
+                yield ("send", op, (a, b))
+        else:  # RECV
+            if full:
+                sent, arrive = yield ("recv", op)
+            else:
+                sent, arrive = recvs[ri] if ri < len(recvs) else (t, t)
+            ri += 1
+            if arrive > t:
+                pp = arrive - max(t, sent)
+                run.expose("pp", pp)
+                run.bubble_us += arrive - t - pp
+                t = arrive
+        gpu.prune(t)
+    if drain_end > t:
+        run.expose(drain_kind, drain_end - t)
+        t = drain_end
+    run.end = t
+    return _finish(run, gpu, drain)
+
+
+def _jump(prog: Program, run: Run, gpu: Gpu, i: int, t: float) -> None:
+    """The rest of the task from op i, taken from the clean replay (the device is idle at t and
+    was idle there in the clean replay; no recv or non-blocking collective follows)."""
+    at, cum = prog._at, prog._cum
+    shift = t - at[i]
+    if run.begin < 0:
+        run.begin = t
+    run.compute_us += cum["compute"][-1] - cum["compute"][i]
+    run.slowdown_us += cum["slowdown"][-1] - cum["slowdown"][i]
+    for k in prog._kinds:
+        run.expose(k, cum[k][-1] - cum[k][i])
+    for j in prog._send_at:
+        if j >= i:
+            op, flow = prog.steps[j][3], prog.steps[j][4]
+            a, b = gpu.transfer(op.stream, flow, at[j] + shift)
+            run.sends.append((a, b, op))
+    run.end = at[-1] + shift
+
+
+def _finish(run: Run, gpu: Gpu, drain: tuple[str, str] | None) -> Run:
+    if run.begin < 0:
+        run.begin = run.end
+    if drain is not None:
+        stream, kind = drain
+        free = gpu.stream_free.get(stream, 0.0)
+        if free > run.end:
+            run.expose(kind, free - run.end)
+            run.end = free
+    gpu.prune(run.end)
+    return run
+
+
+def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, float]] = (),
+           drain: tuple[str, str] | None = None) -> Run:
+    """Run ``prog`` on ``gpu`` from ``start``; ``recvs``: (transfer start, arrival) of each of its
+    recvs in order. Shifts the clean replay when nothing of the device overlaps the task."""
+    if drain is None and prog.recv_first and not prog.has_async:
+        run = Run(start)
+        t = start
+        for sent, arrive in recvs[:prog.recvs]:
+            if arrive > t:
+                pp = arrive - max(t, sent)
+                run.expose("pp", pp)
+                run.bubble_us += arrive - t - pp
+                t = arrive
+        if gpu.idle_after(t):
+            c = prog.cost
+            run.begin = t
+            run.compute_us, run.slowdown_us = c.compute_us, c.slowdown_us
+            for k, us in c.exposed_us:
+                run.expose(k, us)
+            for (a, b), op in zip(c.sends, prog.send_ops, strict=True):
+                gpu.occupy(op.stream, op.flow, t + a, t + b)
+                run.sends.append((t + a, t + b, op))
+            run.end = t + c.duration_us
+            gpu.prune(run.end)
+            return run
+    return _replay(prog, gpu, start, recvs, drain=drain)
+
+
+def simulate_ops(ops: Iterable[Op], waits: Mapping[int, Sequence[int]] | None = None) -> TaskCost:
+    """One task's ops (in seq order) replayed on an idle device from time 0."""
+    return Program(ops, waits).cost
+
+
+class CommTimer:
+    """Network times from a model with ``estimate(op, group=, nbytes=)``, each distinct
+    (op, group, bytes) asked once: a rank repeats the same few collectives layer after layer.
+    With the network model's contention module (``echo.network.contention.flow_of``), also each
+    transfer's latency and link loads, for link sharing."""
+
+    def __init__(self, network):
+        self._network = network
+        self._cache: dict[tuple[str, tuple[int, ...], int], tuple[float, float, tuple]] = {}
+        self._flow_of = None
+        if hasattr(network, "params") and hasattr(network, "shape"):
+            try:
+                from echo.network.contention import flow_of
+            except ImportError:  # pragma: no cover - a network model without contention
+                flow_of = None
+            self._flow_of = flow_of
+
+    def _get(self, op: str, group: Sequence[int], nbytes: int) -> tuple[float, float, tuple]:
+        key = (op, tuple(group), int(nbytes))
+        if key not in self._cache:
+            us = float(self._network.estimate(op, group=list(group), nbytes=int(nbytes)).time_us)
+            latency, loads = 0.0, ()
+            if self._flow_of is not None and len(set(group)) > 1:
+                f = self._flow_of(self._network, op, group, int(nbytes))
+                latency = min(float(f.latency_us), us)
+                loads = tuple(sorted(f.loads.items()))
+            self._cache[key] = (us, latency, loads)
+        return self._cache[key]
+
+    def time_us(self, op: str, group: Sequence[int], nbytes: int) -> float:
+        return self._get(op, group, nbytes)[0]
+
+    def transfer(self, op: str, group: Sequence[int], nbytes: int) -> tuple[float, float, tuple]:
+        """(time, latency, link loads) of one transfer."""
+        return self._get(op, group, nbytes)
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What turning trace rows into ops needs besides the rows."""
+
+    kernels: Mapping[str, float]
+    timer: CommTimer
+    slowdown: object = None      # echo.overlap.Slowdown (None: no overlap slowdown)
+    gpus_per_node: int = 1 << 30  # for link classes; default: everything on one node
+
+    def link(self, group: Sequence[int]) -> str:
+        return "nic" if len({r // self.gpus_per_node for r in group}) > 1 else "nvlink"
+
+    def s(self, op_class: str) -> float:
+        return self.slowdown.of(op_class) if self.slowdown is not None else 0.0
+
+
+def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
+    """One ops.parquet row (and its comms.parquet row, for collectives and p2p) as an Op."""
+    kind = row["kind"]
+    if kind in COMPUTE_KINDS:
+        key = row["kernel_key"]
+        if key not in ctx.kernels:
+            raise MissingKernelError(key, f"rank {row['rank']} seq {row['seq']} {row['name']}")
+        return Op(row["seq"], kind, "compute", float(ctx.kernels[key]), flops=float(row["flops"] or 0.0),
+                  recompute=row["phase"] == "recompute", slowdown=ctx.s(row.get("op_class") or "other"))
+    if comm is None:
+        raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
+                         f"(comm_id {row['comm_id']})")
+    group = tuple(int(r) for r in comm["group"])
+    us, latency, loads = ctx.timer.transfer(comm["op"], group, comm["bytes"])
+    stream = row["stream"]
+    if kind == "p2p":
+        stream = "p2p_bwd" if row["phase"] in ("backward", "recompute") else "p2p_fwd"
+    return Op(row["seq"], kind, stream, us, blocking=bool(comm["blocking"]), comm_kind=comm["group_kind"],
+              op=comm["op"], group=group, peer=int(comm.get("peer", -1) if comm.get("peer") is not None else -1),
+              link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads)
+
+
 @dataclass(frozen=True)
 class RankCosts:
-    """One rank's (or one pipeline stage's) tasks, ready for the schedule-level engine."""
+    """One rank's (or one pipeline stage's) task programs, ready for the engines."""
 
-    forward: tuple[TaskCost, ...]           # per chunk
-    backward: tuple[TaskCost, ...]          # per chunk, recomputation included
-    send_forward_us: tuple[float, ...]      # per chunk: shipping its output to the next virtual stage
-    send_backward_us: tuple[float, ...]     # per chunk: shipping its input gradient to the previous one
-    grad_sync: TaskCost = TaskCost()
-    optimizer: TaskCost = TaskCost()
+    forward: tuple[Program, ...]           # per chunk
+    backward: tuple[Program, ...]          # per chunk, recomputation included
+    grad_sync: Program = Program()
+    optimizer: Program = Program()
 
     @property
     def chunks(self) -> int:
         return len(self.forward)
 
-
-@dataclass
-class _Streams:
-    """Replay state of one task: when each stream frees up and where the waiting went."""
-
-    compute_free: float = 0.0
-    comm_free: float = 0.0
-    compute_us: float = 0.0
-    exposed: dict[str, float] = field(default_factory=dict)
-    ends: dict[int, tuple[float, str]] = field(default_factory=dict)  # async collective seq -> (end, kind)
-    last_comm_kind: str = ""
-    comm_us: list[float] = field(default_factory=list)
-
-    def wait_compute(self, until: float, kind: str) -> None:
-        if until > self.compute_free:
-            self.exposed[kind] = self.exposed.get(kind, 0.0) + until - self.compute_free
-            self.compute_free = until
-
-    def ready(self, op: Op, waits: Mapping[int, Sequence[int]]) -> tuple[float, str]:
-        """When the async collectives ``op`` consumes have finished, and the kind of the latest."""
-        t, kind = 0.0, ""
-        for src in waits.get(op.seq, ()):
-            end, k = self.ends.get(src, (0.0, ""))
-            if end > t:
-                t, kind = end, k
-        return t, kind
+    def tasks(self) -> tuple[Program, ...]:
+        return (*self.forward, *self.backward, self.grad_sync, self.optimizer)
 
 
-def simulate_ops(ops: Iterable[Op], waits: Mapping[int, Sequence[int]] | None = None) -> TaskCost:
-    """Replay one task's ops (in seq order) on the compute and comm streams; see module docstring.
-
-    ``waits`` maps an op's seq to the seqs whose results it consumes (deps.parquet data edges);
-    only edges from non-blocking collectives matter, the rest are implied by stream order."""
-    waits = waits or {}
-    st = _Streams()
-    flops = recompute_flops = 0.0
-    for op in ops:
-        flops += op.flops
-        recompute_flops += op.flops if op.recompute else 0.0
-        if op.kind == "p2p":
-            continue  # the engine schedules transfers between stages
-        ready, why = st.ready(op, waits)
-        if op.kind in COMPUTE_KINDS:
-            st.wait_compute(ready, why)
-            st.compute_free += op.duration_us
-            st.compute_us += op.duration_us
-        elif op.blocking:
-            st.wait_compute(ready, why)
-            if op.stream == "comm":  # queued behind the comm stream's earlier work
-                st.wait_compute(st.comm_free, st.last_comm_kind)
-            st.wait_compute(st.compute_free + op.duration_us, op.comm_kind)
-            if op.stream == "comm":
-                st.comm_free = st.compute_free
-        else:
-            # Issued when the compute stream reaches it: its input was produced by earlier ops.
-            start = max(st.comm_free, st.compute_free, ready)
-            st.comm_free = start + op.duration_us
-            st.ends[op.seq] = (st.comm_free, op.comm_kind)
-            st.last_comm_kind = op.comm_kind
-            st.comm_us.append(op.duration_us)
-    st.wait_compute(st.comm_free, st.last_comm_kind)  # a task ends when its streams have drained
-    return TaskCost(duration_us=st.compute_free, compute_us=st.compute_us,
-                    exposed_us=tuple(sorted(st.exposed.items())), flops=flops,
-                    recompute_flops=recompute_flops, comm_us=tuple(st.comm_us))
-
-
-class CommTimer:
-    """Network times from a model with ``estimate(op, group=, nbytes=)``, each distinct
-    (op, group, bytes) asked once: a rank repeats the same few collectives layer after layer."""
-
-    def __init__(self, network):
-        self._network = network
-        self._cache: dict[tuple[str, tuple[int, ...], int], float] = {}
-
-    def time_us(self, op: str, group: Sequence[int], nbytes: int) -> float:
-        key = (op, tuple(group), int(nbytes))
-        if key not in self._cache:
-            self._cache[key] = float(self._network.estimate(op, group=list(group), nbytes=int(nbytes)).time_us)
-        return self._cache[key]
-
-
-def to_op(row: Mapping, comm: Mapping | None, kernels: Mapping[str, float], timer: CommTimer) -> Op:
-    """One ops.parquet row (and its comms.parquet row, for collectives and p2p) as an Op."""
-    kind = row["kind"]
-    if kind in COMPUTE_KINDS:
-        key = row["kernel_key"]
-        if key not in kernels:
-            raise MissingKernelError(key, f"rank {row['rank']} seq {row['seq']} {row['name']}")
-        return Op(row["seq"], kind, row["stream"], float(kernels[key]), flops=float(row["flops"] or 0.0),
-                  recompute=row["phase"] == "recompute")
-    if comm is None:
-        raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
-                         f"(comm_id {row['comm_id']})")
-    return Op(row["seq"], kind, row["stream"], timer.time_us(comm["op"], comm["group"], comm["bytes"]),
-              blocking=bool(comm["blocking"]), comm_kind=comm["group_kind"])
-
-
-def reduce_rank(ops: Sequence[Mapping], comms: Mapping[int, Mapping], kernels: Mapping[str, float],
-                timer: CommTimer, waits: Mapping[int, Sequence[int]] | None = None) -> RankCosts:
-    """One rank's ops (rows of ops.parquet, any order) and comms (by comm_id) -> its task costs."""
+def reduce_rank(ops: Sequence[Mapping], comms: Mapping[int, Mapping], ctx: OpContext,
+                waits: Mapping[int, Sequence[int]] | None = None) -> RankCosts:
+    """One rank's ops (rows of ops.parquet, any order) and comms (by comm_id) -> its programs."""
     tasks: dict[tuple[str, int], list[Op]] = {}
-    sends: dict[tuple[str, int], float] = {}
     for row in sorted(ops, key=lambda r: r["seq"]):
         task = TASK_OF_PHASE.get(row["phase"])
         if task is None:
             raise ValueError(f"rank {row['rank']} seq {row['seq']}: unknown phase '{row['phase']}'")
         chunk = row["chunk"] if task in ("F", "B") else 0
-        op = to_op(row, comms.get(row["comm_id"]), kernels, timer)
-        tasks.setdefault((task, chunk), []).append(op)
-        if op.kind == "p2p" and comms[row["comm_id"]]["op"] == "send":
-            sends[(task, chunk)] = sends.get((task, chunk), 0.0) + op.duration_us
+        tasks.setdefault((task, chunk), []).append(to_op(row, comms.get(row["comm_id"]), ctx))
     chunks = 1 + max((c for (t, c) in tasks if t in ("F", "B")), default=0)
 
-    def cost(task: str, chunk: int = 0) -> TaskCost:
-        return simulate_ops(tasks.get((task, chunk), ()), waits)
+    def prog(task: str, chunk: int = 0) -> Program:
+        return Program(tasks.get((task, chunk), ()), waits)
 
-    return RankCosts(forward=tuple(cost("F", c) for c in range(chunks)),
-                     backward=tuple(cost("B", c) for c in range(chunks)),
-                     send_forward_us=tuple(sends.get(("F", c), 0.0) for c in range(chunks)),
-                     send_backward_us=tuple(sends.get(("B", c), 0.0) for c in range(chunks)),
-                     grad_sync=cost("grad_sync"), optimizer=cost("optimizer"))
+    return RankCosts(forward=tuple(prog("F", c) for c in range(chunks)),
+                     backward=tuple(prog("B", c) for c in range(chunks)),
+                     grad_sync=prog("grad_sync"), optimizer=prog("optimizer"))
 
 
 def slowest(costs: Sequence[RankCosts]) -> RankCosts:
-    """The stage's costs when several classes share it: each task as long as its slowest class
-    (their TP collectives keep them in lockstep, so the stage moves at the slowest one's pace)."""
+    """The stage's programs when several classes share it: each task the program of its slowest
+    class (their TP collectives keep them in lockstep, so the stage moves at the slowest pace)."""
     if len(costs) == 1:
         return costs[0]
     if len({c.chunks for c in costs}) != 1:
         raise ValueError(f"classes of one stage disagree on chunk count: {[c.chunks for c in costs]}")
 
-    def pick(tasks: Iterable[TaskCost]) -> TaskCost:
-        return max(tasks, key=lambda t: t.duration_us)
+    def pick(progs: Iterable[Program]) -> Program:
+        return max(progs, key=lambda p: p.cost.duration_us)
 
     n = costs[0].chunks
     return RankCosts(forward=tuple(pick(c.forward[i] for c in costs) for i in range(n)),
                      backward=tuple(pick(c.backward[i] for c in costs) for i in range(n)),
-                     send_forward_us=tuple(max(c.send_forward_us[i] for c in costs) for i in range(n)),
-                     send_backward_us=tuple(max(c.send_backward_us[i] for c in costs) for i in range(n)),
                      grad_sync=pick(c.grad_sync for c in costs), optimizer=pick(c.optimizer for c in costs))
+
+
+def with_buckets(backward: Program, grad_sync: Program) -> tuple[Program, Program]:
+    """Megatron-LM's overlap_grad_reduce: the gradient buckets (grad_sync's non-blocking
+    collectives, recorded in backward order) move into the last backward, bucket i issued once
+    the backward has done the fraction of its compute work that its cumulative bytes are of all
+    buckets' bytes (a bucket is ready when its last gradient is). They are carried past the end of
+    the backward; grad_sync keeps its other ops and the wait for the buckets.
+    Returns (last backward, grad_sync)."""
+    buckets = [op for op in grad_sync.ops if op.code == ASYNC]
+    if not buckets:
+        return backward, grad_sync
+    rest = [op for op in grad_sync.ops if op.code != ASYNC]
+    weights = [max(op.nbytes, 1) for op in buckets]
+    total_b = float(sum(weights))
+    work = [op.duration_us if op.code == COMPUTE else 0.0 for op in backward.ops]
+    total_w = sum(work) or 1.0
+    out: list[Op] = []
+    done, cum_b, k = 0.0, 0.0, 0
+    thresholds = []
+    for w in weights:
+        cum_b += w
+        thresholds.append(cum_b / total_b)
+    last_compute = max((i for i, op in enumerate(backward.ops) if op.code == COMPUTE), default=-1)
+    for i, op in enumerate(backward.ops):
+        out.append(op)
+        done += work[i]
+        while k < len(buckets) and (i == last_compute or done / total_w >= thresholds[k] - 1e-12):
+            out.append(dataclasses.replace(buckets[k], carry=True))
+            k += 1
+    out.extend(dataclasses.replace(b, carry=True) for b in buckets[k:])
+    waits = {**backward.waits, **grad_sync.waits}
+    return Program(out, waits), Program(rest, waits)

@@ -1,19 +1,27 @@
-"""Schedule level: micro-batch tasks across pipeline stages, with p2p and data-parallel traffic.
+"""Schedule level, symmetric mode: micro-batch tasks across pipeline stages, one device per stage.
 
 Symmetric mode: one timeline per pipeline stage, shared by every rank of that stage (data-parallel
-replicas and TP peers run the same tasks at the same times), so the cost is
-O(stages x chunks x micro-batches) whatever the world size.
+replicas and TP peers run the same tasks at the same times, so every collective's members arrive
+together), so the cost is O(stages x chunks x micro-batches) whatever the world size. ``full.py``
+expands every rank instead; both replay ops with ``chunk.replay_steps`` on ``gpu.Gpu`` devices,
+and tests hold them to the same step time.
 
-Each stage runs its schedule order (schedule.py) on its compute stream. A forward of virtual
-stage k waits for the activation of virtual stage k - 1 (its end plus the p2p transfer, queued
-on the sender's p2p stream); a backward waits for the gradient from virtual stage k + 1, or for
-its own forward on the last virtual stage. After its last backward a stage reduces gradients
-(grad_sync, comm stream) and then steps the optimizer, which needs the reduced gradients.
+Each stage runs its schedule order (schedule.py) on its compute stream. A task of virtual stage k
+takes its input from the sends of the task that produced it (virtual stage k - 1 for a forward,
+k + 1 for a backward): its recv ops wait for those transfers. Sends queue on the stage's p2p
+stream of their direction and overlap (and slow, ``gpu.py``) what the stage runs next. After its
+last backward a stage reduces gradients (grad_sync, comm stream) and then steps the optimizer.
+
+Gradient reduction overlap (``EngineOptions.overlap_grad_reduce``, Megatron-LM's
+``--overlap-grad-reduce``) is off by default, as the trace records it: grad_sync after the last
+backward, which is what Megatron-LM does without the flag (the default of its DDP config) and
+what the SC21 GPT-3 runs did (the reduction after the pipeline flush). On, the buckets move into
+the stage's last backward (``chunk.with_buckets``), issued as their gradients are ready.
 
 Every gap on a stage's compute stream is classified: waiting for a p2p transfer in flight is
-exposed pp communication, waiting for grad_sync is exposed dp communication, the rest (waiting
-for another stage to compute, or for the slowest stage to finish the step) is bubble. With the
-task-level split from chunk.py, compute + exposed comm + bubble = step time on every stage.
+exposed pp communication, waiting for a collective is exposed communication of its kind, the
+rest (waiting for another stage to compute, or for the slowest stage to finish the step) is
+bubble. compute (slowdown included) + exposed + bubble = step time on every stage.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from echo.simulate.chunk import RankCosts, TaskCost
+from echo.simulate.chunk import Program, RankCosts, Run, replay, with_buckets
+from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.schedule import Task
 
 _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its virtual stage)
@@ -29,36 +38,37 @@ _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its vir
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Modelling choices of the schedule level."""
+    """Modelling choices of the schedule level (both modes)."""
 
-    # Launch grad_sync's buckets while the last backward still runs (Megatron-LM's
-    # overlap_grad_reduce, PyTorch DDP): bucket i of n is taken as ready after (i + 1) / n of that
-    # backward. Off: the reduction starts after the last backward, as the trace records it.
-    overlap_grad_reduce: bool = False
+    overlap_grad_reduce: bool = False   # see the module docstring
+    sharing: LinkSharing = max_min_share  # how overlapping transfers share links (gpu.py)
 
 
 @dataclass(frozen=True)
 class Event:
-    """One interval on one stage's stream."""
+    """One interval on one stream (of a stage in symmetric mode, of a rank in full mode)."""
 
     stage: int
-    stream: str      # compute | comm | p2p_fwd | p2p_bwd
+    stream: str      # compute | comm | p2p_fwd | p2p_bwd | collective
     name: str
-    kind: str        # forward | backward | optimizer | send | collective
+    kind: str        # forward | backward | optimizer | send | collective (grad_sync's: named "grad_sync ...")
     microbatch: int  # -1 for once-per-step tasks
     chunk: int
     start_us: float
     end_us: float
+    rank: int = -1   # full mode
+    flow: int = -1   # events sharing a flow id are linked in the Perfetto trace (p2p, collectives)
 
 
 @dataclass(frozen=True)
 class StageTimes:
-    """Where one stage's step went: compute_us + sum(exposed_us) + bubble_us = the step time."""
+    """Where one stage's (or rank's) step went: compute_us + sum(exposed_us) + bubble_us = step."""
 
     end_us: float                                # when its optimizer step finishes
     compute_us: float                            # kernels busy on the compute stream
     exposed_us: tuple[tuple[str, float], ...]    # (group kind, us the compute stream waited on it)
     bubble_us: float                             # idle, waiting for other stages
+    slowdown_us: float = 0.0                     # of compute_us, added by the overlap slowdown
 
     def exposed(self, kind: str) -> float:
         return sum(us for k, us in self.exposed_us if k == kind)
@@ -72,41 +82,76 @@ class EngineResult:
     critical_stage: int          # the stage that finishes last
     stages: tuple[StageTimes, ...]
     events: tuple[Event, ...]
+    mode: str = "symmetric"
+    ranks: tuple[StageTimes, ...] = ()   # full mode: per rank
+    rank_stage: tuple[int, ...] = ()     # full mode: each rank's stage
+    critical_rank: int = -1
 
 
 @dataclass
-class _Ledger:
-    """Running account of one stage's compute stream."""
+class Ledger:
+    """Running account of one compute stream."""
 
     free: float = 0.0
     compute: float = 0.0
+    slowdown: float = 0.0
     exposed: dict[str, float] = field(default_factory=dict)
     bubble: float = 0.0
-    last_backward: tuple[float, float] = (0.0, 0.0)
 
-    def add_exposed(self, kind: str, us: float) -> None:
-        if us > 0:
-            self.exposed[kind] = self.exposed.get(kind, 0.0) + us
+    def add(self, run: Run) -> None:
+        self.compute += run.compute_us
+        self.slowdown += run.slowdown_us
+        self.bubble += run.bubble_us
+        for k, us in run.exposed.items():
+            self.exposed[k] = self.exposed.get(k, 0.0) + us
+        self.free = run.end
 
-    def run(self, start: float, cost: TaskCost) -> float:
-        """Run a task from ``start``; the gap before it must already be accounted."""
-        self.compute += cost.compute_us
-        for kind, us in cost.exposed_us:
-            self.add_exposed(kind, us)
-        self.free = start + cost.duration_us
-        return self.free
+    def wait(self, until: float, kind: str | None) -> None:
+        """Idle until ``until``: exposed ``kind``, or bubble when None."""
+        if until > self.free:
+            if kind is None:
+                self.bubble += until - self.free
+            else:
+                self.exposed[kind] = self.exposed.get(kind, 0.0) + until - self.free
+            self.free = until
+
+    def times(self, step: float) -> StageTimes:
+        return StageTimes(end_us=self.free, compute_us=self.compute, exposed_us=tuple(sorted(self.exposed.items())),
+                          bubble_us=self.bubble + step - self.free, slowdown_us=self.slowdown)
+
+
+def bucket_programs(costs: RankCosts, last_chunk: int, overlap: bool) -> tuple[Program, Program]:
+    """(last backward, grad_sync) programs of a stage whose last backward is of ``last_chunk``."""
+    if not overlap:
+        return costs.backward[last_chunk], costs.grad_sync
+    return with_buckets(costs.backward[last_chunk], costs.grad_sync)
+
+
+def drain_of(grad_sync: Program, overlap: bool, buckets: Program) -> tuple[str, str] | None:
+    """What grad_sync waits for at its end besides its own ops: the carried buckets."""
+    carried = [op for op in buckets.ops if op.carry]
+    return ("comm", carried[-1].comm_kind or "dp") if overlap and carried else None
+
+
+def task_label(task: Task, chunks: int) -> str:
+    return f"{task.kind}{task.microbatch}" + (f".c{task.chunk}" if chunks > 1 else "")
 
 
 class _Pipeline:
-    """State of one simulation: ledgers, transfers in flight, events."""
+    """State of one symmetric simulation: devices, ledgers, transfers in flight, events."""
 
-    def __init__(self, costs: Sequence[RankCosts], options: EngineOptions):
+    def __init__(self, costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]], options: EngineOptions):
         self.costs, self.options = costs, options
         self.p, self.v = len(costs), costs[0].chunks
-        self.ledgers = [_Ledger() for _ in costs]
-        self.p2p_free = [{"fwd": 0.0, "bwd": 0.0} for _ in costs]
-        self.arrivals: dict[_Key, tuple[float, float]] = {}  # -> (transfer start, arrival)
+        self.gpus = [Gpu(options.sharing) for _ in costs]
+        self.ledgers = [Ledger() for _ in costs]
+        self.arrivals: dict[_Key, list[tuple[float, float, int]]] = {}  # -> (start, arrival, flow) per send
         self.events: list[Event] = []
+        self.flows = 0
+        self.last_b = [max((i for i, t in enumerate(o) if t.kind == "B"), default=-1) for o in orders]
+        self.last_progs = [bucket_programs(c, o[i].chunk if i >= 0 else 0, options.overlap_grad_reduce)
+                           for c, o, i in zip(costs, orders, self.last_b, strict=True)]
+        self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
 
     def needs(self, task: Task, k: int) -> _Key | None:
         """What ``task`` (on virtual stage k) waits for, besides its own stage being free."""
@@ -114,90 +159,82 @@ class _Pipeline:
             return None if k == 0 else ("F", task.microbatch, k - 1)
         return ("F", task.microbatch, k) if k == self.p * self.v - 1 else ("B", task.microbatch, k + 1)
 
-    def try_run(self, s: int, task: Task) -> bool:
+    def try_run(self, s: int, task: Task, last: bool) -> bool:
         """Run ``task`` on stage s if its input has been produced; False if not yet."""
         k = task.chunk * self.p + s
         need = self.needs(task, k)
         if need is not None and need not in self.arrivals:
             return False
-        sent, arrive = self.arrivals.pop(need) if need is not None else (0.0, 0.0)
-        led = self.ledgers[s]
-        start = max(led.free, arrive)
-        pp_wait = max(0.0, arrive - max(led.free, sent)) if arrive > led.free else 0.0
-        led.add_exposed("pp", pp_wait)
-        led.bubble += start - led.free - pp_wait
-        cost = (self.costs[s].forward if task.kind == "F" else self.costs[s].backward)[task.chunk]
-        end = led.run(start, cost)
-        if task.kind == "B":
-            led.last_backward = (start, end)
-        self._event(s, "compute", task, start, end)
-        self._deliver(s, task, k, end)
+        inputs = self.arrivals.pop(need) if need is not None else []
+        led, gpu = self.ledgers[s], self.gpus[s]
+        if last:
+            prog = self.last_progs[s][0]
+        else:
+            prog = (self.costs[s].forward if task.kind == "F" else self.costs[s].backward)[task.chunk]
+        recvs = [(a, b) for a, b, _ in inputs]
+        if inputs and prog.recvs == 0:  # input without a recv op in the trace: wait before the task
+            sent, arrive = min(a for a, _ in recvs), max(b for _, b in recvs)
+            led.wait(max(led.free, min(sent, arrive)), None)
+            led.wait(arrive, "pp")
+            recvs = []
+        run = replay(prog, gpu, led.free, recvs)
+        begin = max([run.start, *(b for _, b in recvs[:prog.recvs])])
+        led.add(run)
+        if last:
+            self.carried[s] = [f for f in run.flows if f[2].carry]
+        flow_in = inputs[-1][2] if inputs else -1
+        kind = "forward" if task.kind == "F" else "backward"
+        label = task_label(task, self.v)
+        self.events.append(Event(s, "compute", label, kind, task.microbatch, task.chunk, begin, run.end, flow=flow_in))
+        self._deliver(s, task, k, run, label)
         return True
 
-    def _deliver(self, s: int, task: Task, k: int, end: float) -> None:
-        """Ship a finished task's output to the stage that consumes it."""
+    def _deliver(self, s: int, task: Task, k: int, run: Run, label: str) -> None:
+        """Hand a finished task's sends to the task that consumes them."""
         last = self.p * self.v - 1
         if task.kind == "F" and k == last:
-            self.arrivals[("F", task.microbatch, k)] = (end, end)  # the loss' gradient stays here
+            self.arrivals[("F", task.microbatch, k)] = []  # the loss' gradient stays here
             return
         if task.kind == "B" and k == 0:
             return
-        direction, dest = ("fwd", k + 1) if task.kind == "F" else ("bwd", k - 1)
-        us = (self.costs[s].send_forward_us if task.kind == "F" else self.costs[s].send_backward_us)[task.chunk]
-        if dest % self.p == s or us <= 0:
-            self.arrivals[(task.kind, task.microbatch, k)] = (end, end)
-            return
-        start = max(end, self.p2p_free[s][direction])
-        self.p2p_free[s][direction] = start + us
-        self.arrivals[(task.kind, task.microbatch, k)] = (start, start + us)
-        self.events.append(Event(s, f"p2p_{direction}", f"send {self._label(task)}", "send",
-                                 task.microbatch, task.chunk, start, start + us))
-
-    def _label(self, task: Task) -> str:
-        return f"{task.kind}{task.microbatch}" + (f".c{task.chunk}" if self.v > 1 else "")
-
-    def _event(self, s: int, stream: str, task: Task, start: float, end: float) -> None:
-        kind = "forward" if task.kind == "F" else "backward"
-        self.events.append(Event(s, stream, self._label(task), kind, task.microbatch, task.chunk, start, end))
+        out = []
+        for a, b, op in run.sends:
+            self.flows += 1
+            out.append((a, b, self.flows))
+            self.events.append(Event(s, op.stream, f"send {label}", "send", task.microbatch, task.chunk, a, b,
+                                     flow=self.flows))
+        self.arrivals[(task.kind, task.microbatch, k)] = out or [(run.end, run.end, -1)]
 
     def finish_step(self, s: int) -> None:
-        """grad_sync on the comm stream, then the optimizer once the gradients are reduced."""
-        led, costs = self.ledgers[s], self.costs[s]
-        sync_end = self._grad_sync(s, costs.grad_sync, led)
-        start = max(led.free, sync_end)
-        led.add_exposed("dp", start - led.free)  # grad_sync is the data-parallel reduction
-        end = led.run(start, costs.optimizer)
-        self.events.append(Event(s, "compute", "optimizer", "optimizer", -1, -1, start, end))
-
-    def _grad_sync(self, s: int, cost: TaskCost, led: _Ledger) -> float:
-        if cost.duration_us <= 0:
-            return led.free
-        if self.options.overlap_grad_reduce and cost.comm_us:
-            b_start, b_end = led.last_backward
-            n, t = len(cost.comm_us), b_start
-            for i, us in enumerate(cost.comm_us):
-                t = max(t, b_start + (b_end - b_start) * (i + 1) / n) + us
-            first = b_start + (b_end - b_start) / n
-        else:
-            first, t = led.free, led.free + cost.duration_us
-        self.events.append(Event(s, "comm", "grad_sync", "collective", -1, -1, first, t))
-        return t
+        """grad_sync (on the comm stream), then the optimizer."""
+        led, gpu = self.ledgers[s], self.gpus[s]
+        last_b, grad_sync = self.last_progs[s]
+        drain = drain_of(grad_sync, self.options.overlap_grad_reduce, last_b)
+        run = replay(grad_sync, gpu, led.free, drain=drain)
+        led.add(run)
+        for a, b, op in self.carried[s] + [f for f in run.flows if not f[2].carry]:
+            self.events.append(Event(s, "comm", f"grad_sync {op.op} {op.comm_kind}", "collective", -1, -1, a, b))
+        opt = replay(self.costs[s].optimizer, gpu, led.free)
+        led.add(opt)
+        for a, b, op in opt.flows:
+            self.events.append(Event(s, "comm", f"{op.op} {op.comm_kind}", "collective", -1, -1, a, b))
+        self.events.append(Event(s, "compute", "optimizer", "optimizer", -1, -1, run.end, opt.end))
 
 
 def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
              options: EngineOptions = EngineOptions()) -> EngineResult:
-    """Run every stage's task order (``orders[s]``) with the stage's task costs (``costs[s]``)."""
+    """Run every stage's task order (``orders[s]``) with the stage's programs (``costs[s]``)."""
     if len(costs) != len(orders) or not costs:
         raise ValueError(f"{len(costs)} stage costs for {len(orders)} stage orders")
     if len({c.chunks for c in costs}) != 1:
         raise ValueError(f"stages disagree on chunks per stage: {[c.chunks for c in costs]}")
-    run = _Pipeline(costs, options)
+    run = _Pipeline(costs, orders, options)
     pos = [0] * len(orders)
     progress = True
     while progress:  # each pass runs every task whose input has arrived; orders fix the rest
         progress = False
         for s, order in enumerate(orders):
-            while pos[s] < len(order) and run.try_run(s, order[pos[s]]):
+            while pos[s] < len(order) and run.try_run(s, order[pos[s]], pos[s] == run.last_b[s]):
                 pos[s] += 1
                 progress = True
     stuck = [(s, order[pos[s]]) for s, order in enumerate(orders) if pos[s] < len(order)]
@@ -205,14 +242,7 @@ def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
         raise RuntimeError(f"schedule deadlocks: stage {stuck[0][0]} waits forever at {stuck[0][1]}")
     for s in range(len(costs)):
         run.finish_step(s)
-    return _result(run)
-
-
-def _result(run: _Pipeline) -> EngineResult:
     step = max(led.free for led in run.ledgers)
-    stages = tuple(StageTimes(end_us=led.free, compute_us=led.compute,
-                              exposed_us=tuple(sorted(led.exposed.items())),
-                              bubble_us=led.bubble + step - led.free)  # waiting for the slowest stage
-                   for led in run.ledgers)
+    stages = tuple(led.times(step) for led in run.ledgers)
     critical = max(range(len(stages)), key=lambda s: (stages[s].end_us, -s))
     return EngineResult(step_us=step, critical_stage=critical, stages=stages, events=tuple(run.events))

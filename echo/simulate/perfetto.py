@@ -1,12 +1,15 @@
 """The simulated step as tables and as a Chrome trace-event file (Perfetto and chrome://tracing
-open it): one process per class on each pipeline stage, one thread per stream, complete ("X")
-events in microseconds.
+open it): complete ("X") events in microseconds, one thread per stream, and flows linking the
+two ends of every pipeline transfer (the send to the task that received it) and the members of
+every collective in full mode.
 
-In symmetric mode the classes of one pipeline stage share its timeline, so each stage event is
-written once per class of that stage; a class that spans stages (the middle stages of a
-pipeline hash alike) gets one process per stage. Process ids are 1, 2, ... in (stage, class)
-order: Perfetto treats pid 0 as the kernel's swapper (google/perfetto#394); the process name
-carries the class id and stage.
+Symmetric mode: one process per class on each pipeline stage. The classes of one stage share
+its timeline, so each stage event is written once per class of that stage; a class that spans
+stages (the middle stages of a pipeline hash alike) gets one process per stage; flows are drawn
+on the first class of each stage. Full mode: one process per rank.
+
+Process ids are 1, 2, ... (Perfetto treats pid 0 as the kernel's swapper, google/perfetto#394);
+the process name carries the class id and stage (and rank).
 """
 
 from __future__ import annotations
@@ -16,55 +19,90 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 
 from echo.artifacts import TIMELINE
-from echo.simulate.engine import Event
+from echo.simulate.engine import EngineResult, Event
 
-STREAMS = ("compute", "comm", "p2p_fwd", "p2p_bwd")  # thread ids 1, 2, ... in this order
+STREAMS = ("compute", "collective", "comm", "p2p_fwd", "p2p_bwd")  # thread ids 1, 2, ... in this order
+
+
+_TIDS = {s: i + 1 for i, s in enumerate(STREAMS)}
 
 
 def _tid(stream: str) -> int:
-    return 1 + (STREAMS.index(stream) if stream in STREAMS else len(STREAMS))
+    return _TIDS.get(stream, len(STREAMS) + 1)
 
 
-def _pids(stage_classes: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], int]:
-    """(stage, class_id) -> pid."""
+def _processes(result: EngineResult, stage_classes: Mapping[int, Sequence[int]],
+               rank_class: Mapping[int, int] | None) -> tuple[dict, list[tuple[int, str]]]:
+    """(key -> [(pid, class_id)], [(pid, name)]); key = stage (symmetric) or rank (full)."""
+    if result.mode == "full":
+        ranks = sorted(set(rank_class or {}) | {e.rank for e in result.events})
+        stage_of = dict(zip(sorted(ranks), result.rank_stage, strict=False)) if result.rank_stage else {}
+        out = {r: [(i + 1, (rank_class or {}).get(r, -1))] for i, r in enumerate(ranks)}
+        names = [(i + 1, f"rank {r} (class {(rank_class or {}).get(r, -1)}, pp stage {stage_of.get(r, -1)})")
+                 for i, r in enumerate(ranks)]
+        return out, names
     pairs = sorted((s, c) for s, classes in stage_classes.items() for c in classes)
-    return {pair: i + 1 for i, pair in enumerate(pairs)}
+    pid = {pair: i + 1 for i, pair in enumerate(pairs)}
+    out = {}
+    for s, c in pairs:
+        out.setdefault(s, []).append((pid[(s, c)], c))
+    return out, [(pid[(s, c)], f"class {c} (pp stage {s})") for s, c in pairs]
 
 
-def timeline_table(events: Sequence[Event], stage_classes: Mapping[int, Sequence[int]]) -> pa.Table:
-    """TIMELINE rows: every event once per class of its stage."""
+def _key(result: EngineResult, e: Event) -> int:
+    return e.rank if result.mode == "full" else e.stage
+
+
+def timeline_table(result: EngineResult, stage_classes: Mapping[int, Sequence[int]],
+                   rank_class: Mapping[int, int] | None = None) -> pa.Table:
+    """TIMELINE rows (plus rank, -1 in symmetric mode): symmetric mode writes every event once per
+    class of its stage, full mode once per rank."""
+    procs, _ = _processes(result, stage_classes, rank_class)
     cols: dict[str, list] = {f.name: [] for f in TIMELINE}
-    for e in events:
-        for class_id in stage_classes.get(e.stage, ()):
+    cols["rank"] = []
+    for e in result.events:
+        for _, class_id in procs.get(_key(result, e), ()):
             for name, value in (("class_id", class_id), ("pp_rank", e.stage), ("stream", e.stream),
                                 ("name", e.name), ("kind", e.kind), ("microbatch", e.microbatch),
-                                ("chunk", e.chunk), ("start_s", e.start_us / 1e6), ("end_s", e.end_us / 1e6)):
+                                ("chunk", e.chunk), ("start_s", e.start_us / 1e6), ("end_s", e.end_us / 1e6),
+                                ("rank", e.rank)):
                 cols[name].append(value)
-    return pa.table(cols, schema=TIMELINE)
+    return pa.table(cols, schema=TIMELINE.append(pa.field("rank", pa.int32())))
 
 
-def _metadata(pid: int, class_id: int, stage: int, streams: Sequence[str]) -> list[dict]:
-    meta = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-             "args": {"name": f"class {class_id} (pp stage {stage})"}},
-            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
-    for stream in streams:
-        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": _tid(stream),
-                     "args": {"name": stream}})
-    return meta
-
-
-def chrome_trace(events: Sequence[Event], stage_classes: Mapping[int, Sequence[int]],
-                 other_data: Mapping[str, object] | None = None) -> dict:
-    """The trace-event JSON object (``{"traceEvents": [...]}``) for ``events``."""
-    pids = _pids(stage_classes)
+def chrome_trace(result: EngineResult, stage_classes: Mapping[int, Sequence[int]],
+                 rank_class: Mapping[int, int] | None = None, other_data: Mapping[str, object] | None = None) -> dict:
+    """The trace-event JSON object (``{"traceEvents": [...]}``) of the simulated step."""
+    procs, names = _processes(result, stage_classes, rank_class)
     streams_of: dict[int, set[str]] = {}
     out: list[dict] = []
-    for e in events:
-        streams_of.setdefault(e.stage, set()).add(e.stream)
+    ends: dict[int, list[tuple[float, int, int]]] = {}  # flow id -> [(ts, pid, tid)]
+    for e in result.events:
         args = {"microbatch": e.microbatch, "chunk": e.chunk, "kind": e.kind}
-        for class_id in stage_classes.get(e.stage, ()):
-            out.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": pids[(e.stage, class_id)],
-                        "tid": _tid(e.stream), "ts": e.start_us, "dur": e.end_us - e.start_us, "args": args})
-    meta = [m for (stage, c), pid in pids.items()
-            for m in _metadata(pid, c, stage, sorted(streams_of.get(stage, ()), key=_tid))]
-    return {"traceEvents": meta + out, "displayTimeUnit": "ms", "otherData": dict(other_data or {})}
+        if e.rank >= 0:
+            args["rank"] = e.rank
+        targets = procs.get(_key(result, e), ())
+        for i, (pid, _) in enumerate(targets):
+            streams_of.setdefault(pid, set()).add(e.stream)
+            out.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": pid, "tid": _tid(e.stream),
+                        "ts": e.start_us, "dur": e.end_us - e.start_us, "args": args})
+            if e.flow >= 0 and i == 0:
+                ends.setdefault(e.flow, []).append((e.start_us, pid, _tid(e.stream)))
+    flows = []
+    for fid, points in ends.items():
+        if len(points) < 2:
+            continue
+        points.sort()
+        for j, (ts, pid, tid) in enumerate(points):
+            ph = "s" if j == 0 else ("f" if j == len(points) - 1 else "t")
+            ev = {"ph": ph, "id": fid, "name": "transfer", "cat": "flow", "pid": pid, "tid": tid, "ts": ts}
+            if ph != "s":
+                ev["bp"] = "e"
+            flows.append(ev)
+    meta: list[dict] = []
+    for pid, name in names:
+        meta += [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
+                 {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+        for stream in sorted(streams_of.get(pid, ()), key=_tid):
+            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": _tid(stream), "args": {"name": stream}})
+    return {"traceEvents": meta + out + flows, "displayTimeUnit": "ms", "otherData": dict(other_data or {})}

@@ -1,13 +1,16 @@
-"""run_simulate: read the trace, classes, kernel times and network model; write the summary,
-the timeline and the Perfetto trace.
+"""run_simulate: read the trace, classes, kernel times, network model and overlap slowdown; write
+the summary, the timeline and the Perfetto trace.
 
-Only representatives' ops are read and each class is reduced once, so the work grows with the
-number of classes (first, middle and last pipeline stage today) and micro-batches; the world size only enters through
-the per-rank class table, counted with pyarrow.
+Symmetric mode (the default) reads only representatives' ops and reduces each class once, so the
+work grows with the number of classes (first, middle and last pipeline stage today) and
+micro-batches; the world size only enters through the per-rank class table, counted with
+pyarrow. Full mode (``mode="full"``) relabels each class's programs for every rank and runs
+them rank by rank (``full.py``): for small jobs, and to check symmetric mode.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -18,22 +21,34 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from echo.artifacts import SUMMARY, TIMELINE
-from echo.io import write_json, write_parquet
-from echo.simulate.chunk import CommTimer, RankCosts, reduce_rank, slowest
+from echo.io import atomic_path, write_parquet
+from echo.overlap.table import Slowdown, slowdown_table
+from echo.simulate.chunk import CommTimer, OpContext, RankCosts, reduce_rank, slowest
 from echo.simulate.engine import EngineOptions, simulate
+from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
 from echo.simulate.perfetto import chrome_trace, timeline_table
 from echo.simulate.schedule import stage_orders
 from echo.simulate.summary import ClassInfo, summary_table
 
+MODES = ("symmetric", "full")
+FULL_MODE_MAX_RANKS = 4096  # full mode replays every rank: beyond this it takes minutes to hours
+
 log = logging.getLogger(__name__)
 
-OPS_COLUMNS = ["rank", "seq", "name", "kind", "phase", "chunk", "stream", "flops", "kernel_key", "comm_id"]
-COMMS_COLUMNS = ["rank", "comm_id", "op", "group", "bytes", "group_kind", "blocking"]
+
+def read_parquet_file(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file (pq.ParquetFile: unlike pq.read_table it does not import pyarrow.dataset
+    and pandas, a second or more of the stage's wall time)."""
+    return pq.ParquetFile(path).read(columns=columns)
+
+OPS_COLUMNS = ["rank", "seq", "name", "op_class", "kind", "phase", "chunk", "stream", "flops", "kernel_key",
+               "comm_id"]
+COMMS_COLUMNS = ["rank", "comm_id", "op", "group", "bytes", "group_kind", "blocking", "peer"]
 
 
 def _rows_by_rank(path: Path, columns: list[str], ranks: set[int]) -> dict[int, list[dict]]:
     """Rows of the given ranks only: other traced ranks are verification re-traces, not classes."""
-    table = pq.read_table(path, columns=columns)
+    table = read_parquet_file(path, columns=columns)
     table = table.filter(pc.is_in(table["rank"], pa.array(sorted(ranks), pa.int32())))
     out: dict[int, list[dict]] = {r: [] for r in ranks}
     for row in table.to_pylist():
@@ -61,7 +76,7 @@ def _waits(trace_dir: Path, ranks: set[int], ops: Mapping[int, list[dict]],
 def _class_table(rank_classes_path: Path) -> list[dict]:
     """One row per class: representative, the pipeline stages it covers, its rank count. A class
     may span stages: the middle stages of a pipeline run the same graph up to rank labels."""
-    rc = pq.read_table(rank_classes_path, columns=["rank", "class_id", "representative", "pp_rank"])
+    rc = read_parquet_file(rank_classes_path, columns=["rank", "class_id", "representative", "pp_rank"])
     rows = rc.group_by(["class_id", "pp_rank"]).aggregate([("representative", "min"), ("representative", "max"),
                                                            ("rank", "count")]).to_pylist()
     out: dict[int, dict] = {}
@@ -77,8 +92,7 @@ def _class_table(rank_classes_path: Path) -> list[dict]:
     return list(out.values())
 
 
-def load_classes(workload, trace_dir: Path, rank_classes_path: Path, kernels: Mapping[str, float],
-                 network) -> list[ClassInfo]:
+def load_classes(workload, trace_dir: Path, rank_classes_path: Path, ctx: OpContext) -> list[ClassInfo]:
     """Every class reduced to its task costs and memory, from its representative's trace."""
     table = _class_table(rank_classes_path)
     total = sum(c["ranks"] for c in table)
@@ -88,9 +102,8 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, kernels: Ma
     ops = _rows_by_rank(trace_dir / "ops.parquet", OPS_COLUMNS, reps)
     comms = {r: {c["comm_id"]: c for c in rows}
              for r, rows in _rows_by_rank(trace_dir / "comms.parquet", COMMS_COLUMNS, reps).items()}
-    memory = {r["rank"]: r for r in pq.read_table(trace_dir / "ranks.parquet").to_pylist()}
+    memory = {r["rank"]: r for r in read_parquet_file(trace_dir / "ranks.parquet").to_pylist()}
     waits = _waits(trace_dir, reps, ops, comms)
-    timer = CommTimer(network)
     out = []
     for c in table:
         rep = c["representative"]
@@ -99,21 +112,31 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, kernels: Ma
         mem = memory[rep]
         out.append(ClassInfo(
             class_id=c["class_id"], representative=rep, stages=tuple(c["stages"]), ranks=c["ranks"],
-            costs=reduce_rank(ops[rep], comms[rep], kernels, timer, waits[rep]),
+            costs=reduce_rank(ops[rep], comms[rep], ctx, waits[rep]),
             state_bytes=mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_bytes"],
             activation_bytes=mem["activation_bytes_per_microbatch"]))
     return out
 
 
-def stage_costs(classes: list[ClassInfo], stages: int, chunks: int) -> list[RankCosts]:
-    """One cost set per pipeline stage; refuses a stage without a class or a wrong chunk count."""
+def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabel | None = None,
+                ctx: OpContext | None = None) -> list[RankCosts]:
+    """One cost set per pipeline stage; refuses a stage without a class or a wrong chunk count.
+
+    A class that spans stages (the middle stages hash alike) runs its representative's programs
+    on each of them, relabelled (with ``mesh`` and ``ctx``) to that stage's ranks: their groups
+    and pipeline peers may sit differently on the nodes, which changes network times and links."""
     by_stage: dict[int, list[RankCosts]] = {}
     for c in classes:
         if c.costs.chunks != chunks:
             raise ValueError(f"class {c.class_id} traced {c.costs.chunks} chunks, the workload has "
                              f"virtual_stages = {chunks}")
+        home = mesh.coords[c.representative][0] if mesh is not None else None
         for s in c.stages:
-            by_stage.setdefault(s, []).append(c.costs)
+            costs = c.costs
+            if mesh is not None and ctx is not None and s != home and 0 <= s < stages:
+                move = mesh.mapper(c.representative, mesh.at_stage(c.representative, s))
+                costs = relabel_costs(c.costs, move, ctx.link, timer=ctx.timer)
+            by_stage.setdefault(s, []).append(costs)
     missing = [s for s in range(stages) if s not in by_stage]
     extra = sorted(s for s in by_stage if not 0 <= s < stages)
     if missing or extra:
@@ -123,36 +146,88 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int) -> list[Rank
 
 
 def load_kernels(kernels_path: Path) -> dict[str, float]:
-    t = pq.read_table(kernels_path, columns=["kernel_key", "duration_us"])
+    t = read_parquet_file(kernels_path, columns=["kernel_key", "duration_us"])
     return dict(zip(t["kernel_key"].to_pylist(), t["duration_us"].to_pylist(), strict=True))
 
 
+def read_mesh(rank_classes_path: Path) -> tuple[Relabel, dict[str, list]]:
+    """The job's mesh and rank_classes' columns (rank, class_id and the coordinates)."""
+    cols = read_parquet_file(rank_classes_path, columns=["rank", "class_id", "pp_rank", "dp_rank", "cp_rank",
+                                                     "tp_rank"]).to_pydict()
+    return Relabel.from_columns(cols), cols
+
+
+def full_ranks(classes: list[ClassInfo], mesh: Relabel, cols: Mapping[str, list], ctx: OpContext,
+               compute_scale: Mapping[int, float] | None = None) -> list[RankSpec]:
+    """Every rank of the job with its class's programs relabelled to its own groups and peers."""
+    by_id = {c.class_id: c for c in classes}
+    scale = compute_scale or {}
+    out = []
+    for rank, class_id, stage in sorted(zip(cols["rank"], cols["class_id"], cols["pp_rank"], strict=True)):
+        c = by_id[class_id]
+        out.append(RankSpec(rank=rank, stage=stage,
+                            costs=relabel_costs(c.costs, mesh.mapper(c.representative, rank), ctx.link,
+                                                scale.get(rank, 1.0), ctx.timer)))
+    return out
+
+
 def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, kernels_path, calib_dir, out_dir,
-                 *, network=None, options: EngineOptions | None = None) -> pa.Table:
+                 *, network=None, options: EngineOptions | None = None, overlap: Slowdown | Path | str | None = None,
+                 mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
+                 compute_scale: Mapping[int, float] | None = None) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write
     summary.parquet, timeline.parquet and trace.json to ``out_dir`` and return the summary.
 
     ``network``: anything with ``estimate(op, group=, nbytes=)``; default: the calibrated
-    ``echo.network.NetworkModel`` in ``calib_dir/network.json``."""
+    ``echo.network.NetworkModel`` in ``calib_dir/network.json``. ``overlap``: the overlap
+    slowdown (a ``Slowdown``, or the overlap rule's parquet); default: ``slowdown_table(hardware)``.
+    ``mode``: symmetric | full. ``overlap_grad_reduce``: gradient buckets overlap the last
+    backward; None: as the workload's ``parallel.overlap_grad_reduce`` says, if it has that key,
+    else off (engine.py). ``options`` (all engine choices) overrides it. ``compute_scale`` (full
+    mode): rank -> factor on its kernel times (a straggler)."""
     t0 = time.perf_counter()
+    if mode not in MODES:
+        raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
+    if compute_scale and mode != "full":
+        raise ValueError("compute_scale (per-rank kernel factors) needs mode='full'")
+    if mode == "full" and workload.world_size > FULL_MODE_MAX_RANKS:
+        raise ValueError(f"{workload.name}: full mode replays every rank; {workload.world_size} ranks is more than "
+                         f"{FULL_MODE_MAX_RANKS} (use symmetric mode)")
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
     if network is None:
         from echo.network import NetworkModel  # the calibrate stage's model
         network = NetworkModel.load(Path(calib_dir) / "network.json")
+    slow = overlap if isinstance(overlap, Slowdown) else slowdown_table(hardware, overlap)
+    if overlap_grad_reduce is None:
+        overlap_grad_reduce = bool(getattr(workload.parallel, "overlap_grad_reduce", False))
+    options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce)
+    ctx = OpContext(load_kernels(Path(kernels_path)), CommTimer(network), slow, topology.gpus_per_node)
     par = workload.parallel
-    classes = load_classes(workload, trace_dir, Path(rank_classes_path), load_kernels(Path(kernels_path)), network)
+    classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
     orders = stage_orders(par.schedule, par.pp, workload.micro_batches, par.virtual_stages)
-    result = simulate(stage_costs(classes, par.pp, par.virtual_stages), orders, options or EngineOptions())
+    mesh, cols = read_mesh(Path(rank_classes_path))
+    costs = stage_costs(classes, par.pp, par.virtual_stages, mesh, ctx)  # also checks the classes cover the pipeline
+    if mode == "full":
+        result = simulate_full(full_ranks(classes, mesh, cols, ctx, compute_scale), orders, options)
+        rank_class = dict(zip(cols["rank"], cols["class_id"], strict=True))
+    else:
+        result = simulate(costs, orders, options)
+        rank_class = None
     stage_classes: dict[int, list[int]] = {}
     for c in classes:
         for s in c.stages:
             stage_classes.setdefault(s, []).append(c.class_id)
-    write_parquet(timeline_table(result.events, stage_classes), out_dir / "timeline.parquet", TIMELINE)
-    write_json(chrome_trace(result.events, stage_classes, {"workload": workload.name, "hardware": hardware.name,
-                                                          "topology": topology.name}), out_dir / "trace.json")
+    write_parquet(timeline_table(result, stage_classes, rank_class), out_dir / "timeline.parquet", TIMELINE)
+    trace = chrome_trace(result, stage_classes, rank_class,
+                         {"workload": workload.name, "hardware": hardware.name, "topology": topology.name,
+                          "mode": result.mode, "overlap_slowdown": slow.source})
+    with atomic_path(out_dir / "trace.json") as tmp:  # compact, with json's C encoder: it can be large
+        tmp.write_text(json.dumps(trace, separators=(",", ":")))
     summary = summary_table(workload=workload, hardware=hardware, topology=topology, classes=classes,
-                            orders=orders, result=result, sim_wall_s=time.perf_counter() - t0)
+                            orders=orders, result=result, sim_wall_s=time.perf_counter() - t0,
+                            extra={"overlap_source": slow.source,
+                                   "overlap_grad_reduce": options.overlap_grad_reduce})
     write_parquet(summary, out_dir / "summary.parquet", SUMMARY)
-    log.info("simulated %s on %s/%s: step %.3f s, %d events, %.2f s wall", workload.name, hardware.name,
-             topology.name, result.step_us / 1e6, len(result.events), summary["sim_wall_s"][0].as_py())
+    log.info("simulated %s on %s/%s (%s mode): step %.3f s, %d events, %.2f s wall", workload.name, hardware.name,
+             topology.name, result.mode, result.step_us / 1e6, len(result.events), summary["sim_wall_s"][0].as_py())
     return summary

@@ -6,6 +6,10 @@ once-per-step tasks, times the ranks in the class. tflops_per_gpu divides the ex
 (recompute included, as Megatron-LM reports it) by world size x step time; mfu uses the model
 FLOPs (recompute excluded) against the dtype's peak.
 
+compute_s includes what the overlap slowdown added (slowdown_s, the part of compute_s spent
+slowed beside communication); compute_s + exposed_comm_s + bubble_s = step_time_s on the
+critical stage (full mode: the critical stage's slowest rank).
+
 Memory is per rank: parameters + gradients + optimizer state, plus one micro-batch's saved
 activations times the most micro-batches the stage's schedule keeps in flight.
 """
@@ -22,7 +26,7 @@ from echo.simulate.engine import EngineResult
 from echo.simulate.schedule import Task, in_flight
 
 GIB = 1 << 30
-EXPOSED_KINDS = ("tp", "cp", "ep", "dp", "pp")  # columns exposed_{kind}_s; other group kinds -> other
+EXPOSED_KINDS = ("tp", "cp", "ep", "dp", "edp", "dpcp", "pp")  # columns exposed_{kind}_s; others -> other
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,8 @@ class Flops:
 def step_flops(classes: Sequence[ClassInfo], micro_batches: int) -> Flops:
     executed = model = 0.0
     for c in classes:
-        per_mb = sum(t.flops for t in c.costs.forward + c.costs.backward)
-        redo = sum(t.recompute_flops for t in c.costs.forward + c.costs.backward)
+        per_mb = sum(p.flops for p in c.costs.forward + c.costs.backward)
+        redo = sum(p.recompute_flops for p in c.costs.forward + c.costs.backward)
         once = c.costs.grad_sync.flops + c.costs.optimizer.flops
         once_redo = c.costs.grad_sync.recompute_flops + c.costs.optimizer.recompute_flops
         executed += c.ranks * (per_mb * micro_batches + once)
@@ -82,7 +86,8 @@ def exposed_by_kind(result: EngineResult, stage: int) -> dict[str, float]:
 
 
 def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
-                  orders: Sequence[Sequence[Task]], result: EngineResult, sim_wall_s: float) -> pa.Table:
+                  orders: Sequence[Sequence[Task]], result: EngineResult, sim_wall_s: float,
+                  extra: dict | None = None) -> pa.Table:
     """One row: the SUMMARY contract columns, then the breakdowns behind them."""
     m, world = workload.micro_batches, workload.world_size
     if result.step_us <= 0:
@@ -102,11 +107,13 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
         "mfu": flops.model / (world * step_s * peak_tflops * 1e12), "peak_mem_gib": max(mem),
         "sim_wall_s": sim_wall_s,
         "fits": max(mem) <= hardware.memory_gib, "bubble_fraction": crit.bubble_us / result.step_us,
+        "slowdown_s": crit.slowdown_us / 1e6,
         **{f"exposed_{k}_s": v for k, v in exposed.items()},
         "stage_step_time_s": [s.end_us / 1e6 for s in result.stages],
         "stage_peak_mem_gib": mem, "critical_stage": result.critical_stage,
         "schedule": workload.parallel.schedule, "micro_batches": m, "pp": len(orders),
         "virtual_stages": classes[0].costs.chunks, "classes": len(classes),
         "executed_flops": flops.executed, "model_flops": flops.model, "events": len(result.events),
+        "mode": result.mode, "critical_rank": result.critical_rank, **(extra or {}),
     }
     return pa.table({k: [v] for k, v in row.items()})

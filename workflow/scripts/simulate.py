@@ -1,5 +1,5 @@
 """rule simulate: echo.simulate.run_simulate(workload, hardware, topology, trace_dir,
-rank_classes_path, kernels_path, calib_dir, out_dir)."""
+rank_classes_path, kernels_path, calib_dir, out_dir, overlap=, mode=, overlap_grad_reduce=)."""
 
 from pathlib import Path
 
@@ -12,6 +12,8 @@ def main() -> None:
     from echo.config import Hardware, Topology, Workload
     from echo.simulate import run_simulate
 
+    options = sm.params.options
+    overlap = list(sm.input.overlap)  # the measured slowdown, for cpu hardware only
     run_simulate(
         Workload.model_validate(sm.params.workload),
         Hardware.model_validate(sm.params.hardware),
@@ -21,6 +23,9 @@ def main() -> None:
         Path(sm.input.kernels),
         Path(sm.input.collectives).parent,
         Path(sm.output.summary).parent,
+        overlap=Path(overlap[0]) if overlap else None,
+        mode=options["mode"],
+        overlap_grad_reduce=options["overlap_grad_reduce"],
     )
 
 

@@ -1,0 +1,17 @@
+"""rule overlap: echo.overlap.run_overlap(hardware, out_path) (this machine's overlap slowdown)."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import _stage
+
+sm = snakemake  # noqa: F821 (set by Snakemake)
+
+
+def main() -> None:
+    from echo.overlap import run_overlap
+
+    run_overlap(SimpleNamespace(**sm.params.device), Path(sm.output.slowdown))
+
+
+_stage.run(sm, main)
