@@ -212,11 +212,14 @@ def test_cache_times_only_new_kernels(tmp_path, monkeypatch):
     monkeypatch.setattr(measure_mod, "time_kernel", counting)
     hw, cache = load_hardware("local-cpu"), tmp_path / "cache"
     mm, add, ln, *_ = real_kernels()
-    run_profile(hw, write_trace(tmp_path, ops_table([mm, add]), "w1"), tmp_path / "k1.parquet", cache)
-    assert sorted(timed) == sorted([mm.kernel_key, add.kernel_key])
+    note1 = run_profile(hw, write_trace(tmp_path, ops_table([mm, add]), "w1"), tmp_path / "k1.parquet", cache)
+    assert set(timed) == {mm.kernel_key, add.kernel_key}
+    assert len(timed) == 2 * measure_mod.PASSES  # each kernel once per pass
+    assert (note1["measure"]["timed"], note1["measure"]["cached"]) == (2, 0)
     timed.clear()
-    run_profile(hw, write_trace(tmp_path, ops_table([add, ln]), "w2"), tmp_path / "k2.parquet", cache)
-    assert timed == [ln.kernel_key]  # add came from the cache
+    note2 = run_profile(hw, write_trace(tmp_path, ops_table([add, ln]), "w2"), tmp_path / "k2.parquet", cache)
+    assert set(timed) == {ln.kernel_key}  # add came from the cache
+    assert (note2["measure"]["timed"], note2["measure"]["cached"]) == (1, 1)
     k2 = {r["kernel_key"]: r for r in read_parquet(tmp_path / "k2.parquet").to_pylist()}
     k1 = {r["kernel_key"]: r for r in read_parquet(tmp_path / "k1.parquet").to_pylist()}
     assert k2[add.kernel_key]["duration_us"] == k1[add.kernel_key]["duration_us"]
@@ -289,3 +292,24 @@ def test_round_trip_with_the_tracers_encoding():
             failed[kern.name] = str(exc)
     assert len(cap.kernels) > 20
     assert not failed, failed
+
+
+def test_cache_keeps_timings_of_another_method_or_file_format_apart(tmp_path):
+    import torch
+
+    from echo.profile import cache as cache_mod
+
+    cache_mod.store(tmp_path, {"k1": ("aten.mm.default", 5.0)}, 1, "m1")
+    assert cache_mod.load(tmp_path, 1, "m1") == {"k1": 5.0}
+    assert cache_mod.load(tmp_path, 1, "m2") == {} and cache_mod.load(tmp_path, 2, "m1") == {}
+    cache_mod.store(tmp_path, {"k1": ("aten.mm.default", 7.0)}, 1, "m2")
+    assert cache_mod.load(tmp_path, 1, "m1") == {"k1": 5.0} and cache_mod.load(tmp_path, 1, "m2") == {"k1": 7.0}
+    # a file from before the method column: its rows match no method, and merging keeps them
+    old = pa.table({"kernel_key": ["k0"], "name": ["aten.add.Tensor"], "duration_us": [1.0], "threads": [1],
+                    "cpu": [cache_mod.cpu_model()], "torch": [torch.__version__]})
+    legacy = tmp_path / "legacy"
+    write_parquet(old, legacy / cache_mod.FILE)
+    assert cache_mod.load(legacy, 1, measure_mod.METHOD) == {}
+    cache_mod.store(legacy, {"k1": ("aten.mm.default", 2.0)}, 1, measure_mod.METHOD)
+    assert len(read_parquet(legacy / cache_mod.FILE)) == 2
+    assert cache_mod.load(legacy, 1, measure_mod.METHOD) == {"k1": 2.0}

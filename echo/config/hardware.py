@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -19,6 +19,16 @@ class PeakTflops(BaseModel):
     tf32: PositiveFloat | None = None
 
 
+class Provenance(BaseModel):
+    """Where one compute-model parameter comes from."""
+
+    model_config = _STRICT
+    status: Literal["calibrated", "transferred", "assumed", "datasheet"] = Field(
+        description="calibrated: fitted here to published measurements of this GPU; transferred: fitted "
+                    "on another GPU and carried over; assumed: a judgement, not fitted; datasheet: a spec")
+    basis: str = Field(description="the measurements, the fit and its error, or the reasoning")
+
+
 class ComputeModel(BaseModel):
     """Efficiency parameters of the roofline compute model, with where they came from."""
 
@@ -27,7 +37,17 @@ class ComputeModel(BaseModel):
     hbm_efficiency: float = Field(gt=0, le=1, description="achievable fraction of hbm_GBps for streaming kernels")
     kernel_launch_us: float = Field(ge=0, description="fixed per-kernel floor (launch + tail), microseconds")
     sm_count: PositiveInt = Field(description="streaming multiprocessors, for wave quantization")
-    source: str = Field("", description="provenance of these figures")
+    source: str = Field("", description="provenance of these figures, in one line")
+    provenance: dict[str, Provenance] = Field(
+        default_factory=dict, description="per parameter (matmul_efficiency, ...): calibrated, transferred, assumed or datasheet")
+
+    @model_validator(mode="after")
+    def _provenance_names_parameters(self) -> ComputeModel:
+        params = set(type(self).model_fields) - {"source", "provenance"}
+        unknown = sorted(set(self.provenance) - params)
+        if unknown:
+            raise ValueError(f"provenance for unknown parameters {unknown}; parameters: {', '.join(sorted(params))}")
+        return self
 
 
 class Hardware(BaseModel):

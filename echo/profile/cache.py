@@ -1,7 +1,8 @@
 """Cache of CPU kernel timings across workloads: ``{cache_dir}/cpu_kernels.parquet``.
 
-A timing is reusable only on the same CPU model, torch version and thread count, so those are
-part of each row's identity besides the kernel key. Writers merge under an exclusive lock (two
+A timing is reusable only on the same CPU model, torch version and thread count, and when taken
+by the same timing method (``measure.METHOD``), so those are part of each row's identity besides
+the kernel key; rows of a file written before a column existed match nothing. Writers merge under an exclusive lock (two
 profile jobs of different workloads may share the cache) and replace the file atomically, so a
 reader never sees a partial file.
 """
@@ -29,7 +30,9 @@ SCHEMA = pa.schema([
     ("threads", pa.int32()),
     ("cpu", pa.string()),
     ("torch", pa.string()),
+    ("method", pa.string()),
 ])
+IDENTITY = ("kernel_key", "threads", "cpu", "torch", "method")
 
 
 @functools.cache
@@ -44,38 +47,46 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def load(cache_dir: Path, threads: int) -> dict[str, float]:
+def load(cache_dir: Path, threads: int, method: str) -> dict[str, float]:
     """kernel_key -> duration_us of timings valid here."""
     path = Path(cache_dir) / FILE
     if not path.is_file():
         return {}
-    t = read_parquet(path)
+    t = _complete(read_parquet(path))
     mask = pc.and_(pc.and_(pc.equal(t["threads"], threads), pc.equal(t["cpu"], cpu_model())),
-                   pc.equal(t["torch"], torch.__version__))
+                   pc.and_(pc.equal(t["torch"], torch.__version__), pc.equal(t["method"], method)))
     t = t.filter(mask)
     return dict(zip(t["kernel_key"].to_pylist(), t["duration_us"].to_pylist(), strict=True))
 
 
-def store(cache_dir: Path, new: dict[str, tuple[str, float]], threads: int) -> None:
+def store(cache_dir: Path, new: dict[str, tuple[str, float]], threads: int, method: str) -> None:
     """Merge ``new`` (kernel_key -> (name, duration_us)) into the cache file."""
     path = Path(cache_dir) / FILE
     n = len(new)
     rows = pa.table({
         "kernel_key": list(new), "name": [v[0] for v in new.values()],
         "duration_us": [v[1] for v in new.values()], "threads": [threads] * n,
-        "cpu": [cpu_model()] * n, "torch": [torch.__version__] * n,
+        "cpu": [cpu_model()] * n, "torch": [torch.__version__] * n, "method": [method] * n,
     }, schema=SCHEMA)
     with _locked(path):
         if path.is_file():
-            rows = pa.concat_tables([_others(read_parquet(path).cast(SCHEMA), rows), rows])
+            rows = pa.concat_tables([_others(_complete(read_parquet(path)), rows), rows])
         write_parquet(rows, path, SCHEMA)
 
 
+def _complete(t: pa.Table) -> pa.Table:
+    """``t`` with every SCHEMA column (an older file's missing ones empty), cast to SCHEMA."""
+    for f in SCHEMA:
+        if f.name not in t.column_names:
+            t = t.append_column(f.name, pa.array([""] * len(t), pa.string()).cast(f.type)
+                                if pa.types.is_string(f.type) else pa.nulls(len(t), f.type))
+    return t.select(SCHEMA.names).cast(SCHEMA)
+
+
 def _others(old: pa.Table, new: pa.Table) -> pa.Table:
-    """Rows of ``old`` that ``new`` does not replace (same key, threads, cpu and torch)."""
-    ident = ("kernel_key", "threads", "cpu", "torch")
-    replaced = {tuple(r[c] for c in ident) for r in new.select(ident).to_pylist()}
-    keep = [tuple(r[c] for c in ident) not in replaced for r in old.select(ident).to_pylist()]
+    """Rows of ``old`` that ``new`` does not replace (same identity)."""
+    replaced = {tuple(r[c] for c in IDENTITY) for r in new.select(IDENTITY).to_pylist()}
+    keep = [tuple(r[c] for c in IDENTITY) not in replaced for r in old.select(IDENTITY).to_pylist()]
     return old.filter(pa.array(keep, pa.bool_()))
 
 

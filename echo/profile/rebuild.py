@@ -43,7 +43,7 @@ class Call:
 
     op: torch._ops.OpOverload
     make_args: Callable[[], Args]
-    mutates: bool  # writes into an input: time it on fresh inputs each repeat
+    mutates: bool  # writes into an input
     input_bytes: int
 
     def __call__(self, args: Args) -> Any:

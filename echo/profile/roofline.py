@@ -6,8 +6,10 @@
 ``matmul_efficiency`` in the hardware file is the best fraction of peak a large GEMM reaches
 (hardware.csv); ``efficiency(shape)`` scales it down for shapes a GPU cannot fill: partially filled
 output tiles, a last wave of tiles that leaves SMs idle, and a K too short to amortise the tile's
-pipeline fill and epilogue. Attention is a GEMM-like flash kernel at a lower efficiency. Every other
-class (elementwise, norm, softmax, embedding, copies, optimizer updates, ...) streams its bytes.
+pipeline fill and epilogue. Attention is a GEMM-like flash kernel at a lower efficiency (unfused
+attention, ``model.attention: math`` in the workload, is traced as its own GEMMs, softmax and
+dropout kernels and costed as such). Every other class (elementwise, norm, softmax, embedding,
+copies, optimizer updates, ...) streams its bytes.
 Tile sizes and factors below are properties of GEMM kernels, not of one GPU, so they live here as
 named constants; everything per-GPU comes from ``Hardware``.
 """

@@ -1,12 +1,22 @@
 """The profile stage: one duration per distinct kernel of a trace, on the target hardware.
 
-A GPU target is modelled (``roofline``); the local CPU (``kind: cpu``) is measured (``measure``).
+Three sources, one table (``source`` says which gave each row):
+
+- ``imported``: read from a PyTorch profiler (Kineto) Chrome trace of a real run of the workload
+  (``kineto``), when one is given; kernels it does not cover fall through to the next two;
+- ``model``: a GPU target is modelled (``roofline``);
+- ``measured``: the local CPU (``kind: cpu``) is timed (``measure``), cached across workloads.
+
 Only compute and memcpy ops are kernels here; collectives and p2p belong to the network model.
+Next to ``kernels.parquet`` the stage writes ``profile.json``: how many rows came from each
+source, what the cache saved, and which kernels an import could not match.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +24,7 @@ import pyarrow.compute as pc
 
 from echo.artifacts import KERNELS
 from echo.config import Hardware
-from echo.io import read_parquet, write_parquet
+from echo.io import read_parquet, write_json, write_parquet
 from echo.profile import roofline
 from echo.profile.kernel import Kernel, Result
 
@@ -23,25 +33,52 @@ log = logging.getLogger(__name__)
 PROFILED_KINDS = ("compute", "memcpy")
 _FIELDS = ("name", "op_class", "kind", "shapes", "dtype", "flops", "bytes", "args")
 # Columns written besides the KERNELS contract: the roofline bound of modelled rows and the
-# thread count of measured ones (0 when modelled).
+# thread count of measured ones (0 when modelled or imported).
 EXTRA = pa.schema([("kind", pa.string()), ("bound", pa.string()), ("threads", pa.int32())])
+NOTE = "profile.json"
 
 
-def run_profile(hardware: Hardware, trace_dir: Path, out_path: Path, cache_dir: Path | None = None) -> None:
+def run_profile(hardware: Hardware, trace_dir: Path, out_path: Path, cache_dir: Path | None = None,
+                imported: Path | None = None) -> dict:
     """Write ``out_path`` (KERNELS): each distinct kernel of ``trace_dir/ops.parquet`` with its
-    duration on ``hardware``, modelled for a GPU, measured for the local CPU."""
+    duration on ``hardware``: imported from the Kineto trace ``imported`` where it has the kernel,
+    else modelled for a GPU or measured (and cached in ``cache_dir``) for the local CPU. Also
+    writes the note ``profile.json`` next to ``out_path``, and returns it."""
+    t0 = time.perf_counter()
+    out_path = Path(out_path)
     kernels = distinct_kernels(read_parquet(Path(trace_dir) / "ops.parquet"))
+    note: dict = {"hardware": hardware.name, "kind": hardware.kind, "kernels": len(kernels)}
+    results: dict[str, Result] = {}
+    todo = kernels
+    if imported is not None:
+        from echo.profile.kineto import import_trace
+
+        imp = import_trace(kernels, Path(imported))
+        results.update({key: Result(us, "imported", 0, None) for key, us in imp.durations_us.items()})
+        todo = imp.unmatched
+        note["imported"] = {"file": str(imported), **imp.note()}
+        if imp.unmatched:
+            log.warning("profile: %d of %d kernels are not in %s (%s); they are %s instead",
+                        len(imp.unmatched), len(kernels), imported,
+                        ", ".join(f"{n} x{c}" for n, c in list(note["imported"]["unmatched_by_op"].items())[:8]),
+                        "modelled" if hardware.kind == "gpu" else "measured here")
     if hardware.kind == "gpu":
-        results = model_kernels(kernels, hardware)
+        results.update(model_kernels(todo, hardware))
     else:
         from echo.profile.measure import measure_kernels  # imports torch; GPU targets need not
 
-        results = measure_kernels(kernels, hardware, Path(cache_dir) if cache_dir else None)
+        stats: dict = {}
+        results.update(measure_kernels(todo, hardware, Path(cache_dir) if cache_dir else None, stats))
+        note["measure"] = stats
     table = kernels_table(kernels, results)
     write_parquet(table, out_path, KERNELS)
-    total_ms = sum(k.count * results[k.kernel_key].duration_us for k in kernels) / 1e3
-    log.info("profile %s: %d kernels, %.1f ms of kernel time over the traced ops -> %s",
-             hardware.name, len(kernels), total_ms, out_path)
+    note["sources"] = dict(Counter(results[k.kernel_key].source for k in kernels))
+    note["kernel_time_ms"] = sum(k.count * results[k.kernel_key].duration_us for k in kernels) / 1e3
+    note["wall_s"] = time.perf_counter() - t0
+    write_json(note, out_path.with_name(NOTE))
+    log.info("profile %s: %d kernels (%s), %.1f ms of kernel time over the traced ops -> %s",
+             hardware.name, len(kernels), note["sources"], note["kernel_time_ms"], out_path)
+    return note
 
 
 def distinct_kernels(ops: pa.Table) -> list[Kernel]:

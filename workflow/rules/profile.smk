@@ -1,18 +1,29 @@
 # profile: how long does each distinct kernel of the workload take on {hardware}? Measured on
-# this machine for a cpu hardware file, modelled (roofline + calibrated efficiency) for a GPU.
+# this machine for a cpu hardware file (timings cached across workloads in PROFILE_CACHE, so a
+# workload times only kernels no earlier one had), modelled (roofline + calibrated efficiency)
+# for a GPU. A PyTorch profiler (Kineto) Chrome trace of a real run of the workload on that
+# hardware, dropped at imports/kineto/{workload}/{hardware}.json (or .json.gz), fills the
+# kernels it covers (source = imported); profile.json counts what it could not match.
+
+from echo.profile.kineto import dropped_in_trace
+
+PROFILE_CACHE = "results/profile/_cache"
 
 
 rule profile:
     input:
         validated("hardware"),
+        unpack(lambda wc: dropped_in_trace(wc.workload, wc.hardware)),
         ops="results/trace/{workload}/ops.parquet",
         comms="results/trace/{workload}/comms.parquet",
         deps="results/trace/{workload}/deps.parquet",
         ranks="results/trace/{workload}/ranks.parquet",
     output:
         kernels="results/profile/{workload}/{hardware}/kernels.parquet",
+        note="results/profile/{workload}/{hardware}/profile.json",
     params:
         hardware=hardware_params,
+        cache_dir=PROFILE_CACHE,
         code=code_version("profile"),
     threads: profile_threads
     log:

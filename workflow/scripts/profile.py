@@ -1,4 +1,4 @@
-"""rule profile: echo.profile.run_profile(hardware, trace_dir, out_path)."""
+"""rule profile: echo.profile.run_profile(hardware, trace_dir, out_path, cache_dir, imported)."""
 
 from pathlib import Path
 
@@ -12,7 +12,12 @@ def main() -> None:
     from echo.profile import run_profile
 
     hardware = Hardware.model_validate(sm.params.hardware)
-    run_profile(hardware, Path(sm.input.ops).parent, Path(sm.output.kernels))
+    imported = Path(sm.input.imported) if "imported" in sm.input.keys() else None
+    note = run_profile(hardware, Path(sm.input.ops).parent, Path(sm.output.kernels),
+                       cache_dir=Path(sm.params.cache_dir), imported=imported)
+    if Path(sm.output.note) != Path(sm.output.kernels).with_name("profile.json"):
+        raise RuntimeError(f"profile.json is written next to kernels.parquet, not at {sm.output.note}")
+    del note
 
 
 _stage.run(sm, main)

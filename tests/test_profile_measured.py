@@ -1,0 +1,76 @@
+"""Measured mode on this CPU, on real traces of the tiny workloads: repeatability and the cache.
+
+Timings on a shared 2-core machine are noisy; the measurement (1 thread, batched samples, the
+minimum over windows spread across the run) must still agree with itself within 10% per kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from echo.config import load_hardware, load_workload
+from echo.io import read_parquet
+from echo.profile import distinct_kernels, run_profile
+from echo.profile import measure as measure_mod
+from echo.trace import run_trace
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    out = {}
+    for name in ("tiny-tp2", "tiny-dp2", "tiny-pp2"):
+        d = tmp_path_factory.mktemp(name)
+        run_trace(load_workload(name), d)
+        out[name] = d
+    return out
+
+
+def rows(path):
+    return {r["kernel_key"]: r for r in read_parquet(path).to_pylist()}
+
+
+def test_repeated_profiling_agrees_within_10pct_per_kernel(traces, tmp_path):
+    hw = load_hardware("local-cpu")
+    trace = traces["tiny-tp2"]
+    load = [os.getloadavg()[0]]
+    for i in (1, 2):  # two independent profiles: separate caches, every kernel timed twice
+        run_profile(hw, trace, tmp_path / f"k{i}.parquet", cache_dir=tmp_path / f"cache{i}")
+        load.append(os.getloadavg()[0])
+    first, second = rows(tmp_path / "k1.parquet"), rows(tmp_path / "k2.parquet")
+    measured = [k for k, r in first.items() if r["source"] == "measured"]
+    assert len(measured) >= 0.9 * len(first) and len(first) > 40
+    spread = sorted(((max(first[k]["duration_us"], second[k]["duration_us"]) /
+                      min(first[k]["duration_us"], second[k]["duration_us"]), first[k]["name"], first[k]["shapes"])
+                     for k in measured), reverse=True)
+    print("worst five (ratio, op, shapes):", spread[:5])
+    assert all(first[k]["threads"] == second[k]["threads"] == measure_mod.MEASURE_THREADS == 1 for k in measured)
+    busy = max(load) > 2 * (os.cpu_count() or 1)
+    if spread[0][0] > 1.10 and busy:
+        # other jobs saturating the cores and memory bus make memory-bound kernels slower for
+        # minutes at a time; that is the machine, not the measurement
+        pytest.skip(f"machine too busy to check repeatability (1-min load {max(load):.1f} on "
+                    f"{os.cpu_count()} cores); worst {spread[0]}")
+    assert spread[0][0] <= 1.10, spread[:5]
+
+
+def test_a_second_workload_times_only_its_new_kernels(traces, tmp_path):
+    hw, cache = load_hardware("local-cpu"), tmp_path / "cache"
+    dp2 = {k.kernel_key for k in distinct_kernels(read_parquet(traces["tiny-dp2"] / "ops.parquet"))}
+    pp2 = {k.kernel_key for k in distinct_kernels(read_parquet(traces["tiny-pp2"] / "ops.parquet"))}
+    assert dp2 & pp2 and pp2 - dp2  # the tiny workloads share their layers' kernels, not all of them
+    first = run_profile(hw, traces["tiny-dp2"], tmp_path / "dp2.parquet", cache_dir=cache)
+    second = run_profile(hw, traces["tiny-pp2"], tmp_path / "pp2.parquet", cache_dir=cache)
+    new_in_pp2 = len(pp2 - dp2)
+    assert first["measure"]["cached"] == 0
+    # fallbacks to the model are not cached: they may count again, but nothing shared is re-timed
+    assert second["measure"]["timed"] + second["measure"]["modelled"] - first["measure"]["modelled"] <= new_in_pp2
+    assert second["measure"]["timed"] >= new_in_pp2 - second["measure"]["modelled"]
+    assert second["measure"]["cached"] >= len(pp2 & dp2) - first["measure"]["modelled"]
+    a, b = rows(tmp_path / "dp2.parquet"), rows(tmp_path / "pp2.parquet")
+    shared = [k for k in pp2 & dp2 if a[k]["source"] == "measured"]
+    assert all(a[k]["duration_us"] == b[k]["duration_us"] for k in shared)  # read back, not re-timed
+    # the same workload again: nothing is timed
+    again = run_profile(hw, traces["tiny-pp2"], tmp_path / "pp2b.parquet", cache_dir=cache)
+    assert again["measure"]["timed"] == 0
