@@ -12,9 +12,6 @@ the time of a repeat is the slowest rank's (an op is done when every rank is don
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from echo.config.topology import Calibration
+from echo.ranks import free_port, launch, wait
 
 BENCH_OPS = ("all_reduce", "all_gather", "send")
 BENCH_SCHEMA = pa.schema([
@@ -38,7 +36,6 @@ _BUDGET_US = 60_000.0  # timed samples per (op, size) aim to cover this much op 
 _MAX_SAMPLES = 60       # ...but no more than this many samples
 _PASSES = 12            # sweeps over all sizes that the samples of each size are spread over
 _TIMEOUT_S = 300.0      # a hung rank (e.g. a blocked port) must not hang the workflow
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # so workers import this very package
 _MAX_HELD_BYTES = 4 << 30  # every size's buffers stay allocated during the sweep (per rank)
 # bytes of buffers one op holds per message byte: all_gather keeps its output and its input share
 _HELD_PER_BYTE = {"all_reduce": 1.0, "all_gather": 1.5, "send": 1.0}
@@ -52,13 +49,6 @@ def sweep_sizes(min_bytes: int, max_bytes: int, ranks: int = 1) -> list[int]:
         sizes.append(-(-size // quantum) * quantum)
         size *= 2
     return sizes
-
-
-def _free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _timed_op(op: str, rank: int, nbytes: int, world: int):
@@ -158,40 +148,6 @@ def _worker(rank: int, spec: dict) -> None:
             writer.write_table(table)
 
 
-def _launch(spec: dict, tmp: Path) -> list[subprocess.Popen]:
-    """Start one worker process per rank (``python -m echo.network.gloo_bench RANK SPEC``).
-
-    Fresh interpreters rather than multiprocessing's spawn: spawn re-imports the caller's
-    ``__main__``, which breaks callers such as Snakemake scripts."""
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",  # loopback only
-               PYTHONPATH=os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
-    procs = []
-    for rank in range(spec["world"]):
-        log = (tmp / f"rank{rank}.log").open("w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "echo.network.gloo_bench", str(rank), json.dumps(spec)],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT))
-        log.close()
-    return procs
-
-
-def _wait(procs: list[subprocess.Popen], tmp: Path, timeout_s: float) -> None:
-    """Wait for every rank; on a failure or a timeout stop the others and say why."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        for rank, proc in enumerate(procs):
-            code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            if code != 0:
-                tail = (tmp / f"rank{rank}.log").read_text()[-2000:]
-                raise RuntimeError(f"gloo benchmark rank {rank} exited with {code}:\n{tail}")
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"gloo benchmark did not finish within {timeout_s:.0f} s") from exc
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
 def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS,
                        timeout_s: float = _TIMEOUT_S) -> pa.Table:
     """Benchmark ``ops`` with ``calibration.ranks`` gloo processes on 127.0.0.1.
@@ -210,12 +166,12 @@ def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS,
                          f"{held / 2**30:.1f} GiB per rank (limit {_MAX_HELD_BYTES / 2**30:.0f} GiB)")
     with tempfile.TemporaryDirectory(prefix="echo-gloo-") as tmp_name:
         tmp = Path(tmp_name)
-        spec = {"world": calibration.ranks, "port": _free_port(), "ops": list(ops), "iters": calibration.iters,
+        spec = {"world": calibration.ranks, "port": free_port(), "ops": list(ops), "iters": calibration.iters,
                 "sizes": sizes, "out": str(tmp / "bench.arrow")}
-        _wait(_launch(spec, tmp), tmp, timeout_s)
+        wait(launch("echo.network.gloo_bench", spec, spec["world"], tmp), tmp, timeout_s, "gloo benchmark")
         with pa.memory_map(spec["out"]) as source:
             return pa.ipc.open_file(source).read_all()
 
 
-if __name__ == "__main__":  # a worker started by _launch
+if __name__ == "__main__":  # a worker started by echo.ranks.launch
     _worker(int(sys.argv[1]), json.loads(sys.argv[2]))

@@ -19,9 +19,7 @@ busy windows alternate so that drift (clock, other jobs) hits both alike.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from echo.overlap.table import OP_CLASSES, SLOWDOWN
+from echo.ranks import free_port, launch, wait
 
 RANKS = 2
 THREADS = 1
@@ -40,7 +39,6 @@ WINDOW_S = 0.08        # one quiet or busy window of one kernel
 PAIRS = 9              # quiet/busy window pairs per kernel
 SAMPLE_S = 0.002       # one timed sample (a batch of calls)
 TIMEOUT_S = 600.0
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _kernels():
@@ -177,14 +175,6 @@ def _worker(rank: int, spec: dict) -> None:
     Path(spec["out"]).joinpath(f"rank{rank}.json").write_text(json.dumps(rows))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def measure_slowdown(classes=OP_CLASSES, ranks: int = RANKS, comm_bytes: int = COMM_BYTES, pairs: int = PAIRS,
                      threads: int = THREADS, timeout_s: float = TIMEOUT_S) -> pa.Table:
     """Run the measurement (see the module docstring); one SLOWDOWN row per op class."""
@@ -194,30 +184,10 @@ def measure_slowdown(classes=OP_CLASSES, ranks: int = RANKS, comm_bytes: int = C
     if ranks < 2:
         raise ValueError("overlap measurement needs at least 2 ranks (someone to exchange traffic with)")
     with tempfile.TemporaryDirectory(prefix="echo-overlap-") as tmp:
-        spec = {"ranks": ranks, "port": _free_port(), "comm_bytes": int(comm_bytes), "pairs": pairs,
+        spec = {"ranks": ranks, "port": free_port(), "comm_bytes": int(comm_bytes), "pairs": pairs,
                 "threads": threads, "classes": list(classes), "out": tmp}
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS=str(threads),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
-        procs = []
-        for rank in range(ranks):
-            log = open(Path(tmp) / f"rank{rank}.log", "w")  # noqa: SIM115 (closed below)
-            procs.append(subprocess.Popen([sys.executable, "-m", "echo.overlap.measure", str(rank), json.dumps(spec)],
-                                          env=env, stdout=log, stderr=subprocess.STDOUT))
-            log.close()
-        deadline = time.monotonic() + timeout_s
-        try:
-            for rank, proc in enumerate(procs):
-                code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                if code:
-                    tail = (Path(tmp) / f"rank{rank}.log").read_text()[-2000:]
-                    raise RuntimeError(f"overlap measurement rank {rank} exited with {code}:\n{tail}")
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"overlap measurement did not finish within {timeout_s:.0f} s") from exc
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        procs = launch("echo.overlap.measure", spec, ranks, Path(tmp), threads)
+        wait(procs, Path(tmp), timeout_s, "overlap measurement")
         per_rank = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(ranks)]
     cols: dict[str, list] = {f.name: [] for f in SLOWDOWN}
     for i, op_class in enumerate(classes):
