@@ -1,11 +1,15 @@
 # Echo: the usual entry points. Everything runs from .venv (made by `make venv`).
-.PHONY: venv run test lint bench clean distclean
+.PHONY: venv run test lint bench clean distclean validate test-slurm status sweeps report
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.echo-installed
 CORES ?= 2
+# The shipped design-space sweeps (config/sweeps/); `make report SWEEPS=a,b` shows only those.
+SWEEPS ?= gpt3-175b-a100-1024,llama3-70b-h100-512
+REPORT_CONFIG = --config 'sweeps=[$(SWEEPS)]'
+comma := ,
 
 venv: $(STAMP)
 
@@ -20,8 +24,34 @@ run: venv
 	$(BIN)/snakemake --cores $(CORES)
 	$(BIN)/python -m echo report
 
+# Real runs on this machine next to their predictions, and the published cluster measurements
+# (results/validate/; the table of errors is printed and written to results/validate/errors.md).
+# The real runs are redone every time: they time this machine now.
+validate: venv
+	$(BIN)/snakemake --forcerun measure --cores $(CORES) results/validate/errors.md
+	@cat results/validate/errors.md
+
+# Everything, the real single-node SLURM test included (it installs SLURM with apt as root).
 test: venv
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=10
+
+test-slurm: venv
+	$(BIN)/pytest -q -m slurm -s
+
+# What is cached and what would re-run (and why).
+status: venv
+	$(BIN)/python -m echo status
+
+# The shipped sweeps (tens of minutes on 2 cores: every distinct layout is traced once).
+sweeps: venv
+	$(BIN)/snakemake --cores $(CORES) $(foreach s,$(subst $(comma), ,$(SWEEPS)),results/sweep/$(s)/ranking.parquet)
+
+# Snakemake's HTML report of the default experiments and the sweeps, and screenshots of it taken
+# in headless Chromium (apt-get install chromium).
+report: venv
+	$(BIN)/snakemake --cores $(CORES) $(REPORT_CONFIG)
+	$(BIN)/snakemake --report results/report/report.html $(REPORT_CONFIG)
+	$(BIN)/python -m echo.report.html results/report/report.html results/report/screenshots
 
 lint: venv
 	$(BIN)/ruff check .

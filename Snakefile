@@ -7,7 +7,10 @@
 #   profile   results/profile/{workload}/{hardware}/kernels.parquet
 #   calibrate results/calibrate/{topology}/{collectives.parquet,network.json}
 #   simulate  results/simulate/{workload}/{hardware}/{topology}/{summary.parquet,timeline.parquet,trace.json}
-#   report    results/report/summaries.parquet (and a printed table)
+#   report    results/report/summaries.parquet (and a printed table), the figures of
+#             `snakemake --report report.html` under results/report/
+#   sweep     results/sweep/{sweep}/{layouts,ranking}.parquet: config/sweeps/{sweep}.yaml's layouts,
+#             workloads named {sweep}--{tokens} that run through the stages above
 #
 # `rule all` runs the default experiments of config/config.yaml; any other combination of
 # existing config files is run by asking for its path, e.g.
@@ -30,7 +33,10 @@ include: "workflow/rules/profile.smk"
 include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/overlap.smk"
 include: "workflow/rules/simulate.smk"
+include: "workflow/rules/sweep.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/measure.smk"
+include: "workflow/rules/validate.smk"
 
 
 localrules:

@@ -36,6 +36,8 @@ OPS = pa.schema([
     ("bytes", pa.float64()),     # bytes read + written by the op
     ("kernel_key", pa.string()), # op + shapes + dtype + flags: the unit the profile stage times
     ("comm_id", pa.int32()),     # row in comms.parquet for collectives/p2p, else -1
+    ("dtensor", pa.int32()),     # DTensor-level calls this kernel stands for (its own, and the
+                                 # kernel-less views before it); 0 without DTensor. In kernel_key.
 ])
 
 # One row per collective or p2p transfer of one traced rank.

@@ -93,7 +93,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     hardware = load_hardware(args.hardware, root=args.config_dir)
     p = _paths(args.results, args.workload, args.hardware)
     _need(p["ops"], hint=f"run `python -m echo trace --workload {args.workload}` first")
-    run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=args.cache_dir)
+    # the workflow's cache by default, so the CLI and `snakemake` time each kernel once between them
+    cache_dir = args.cache_dir if args.cache_dir is not None else args.results / "profile" / "_cache"
+    run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=cache_dir)
     print(p["kernels"])
     return 0
 
@@ -124,8 +126,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _need(p["rank_classes"], hint=f"run `python -m echo dedup --workload {w}` first")
     _need(p["kernels"], hint=f"run `python -m echo profile --workload {w} --hardware {h}` first")
     _need(p["network"], hint=f"run `python -m echo calibrate --topology {t}` first")
+    # the overlap rule's measured slowdown when it has run (cpu hardware); GPUs use published figures
+    measured = args.results / "overlap" / args.hardware / "slowdown.parquet"
     run_simulate(workload, hardware, topology, p["trace_dir"], p["rank_classes"], p["kernels"],
-                 p["calib_dir"], p["simulate_dir"])
+                 p["calib_dir"], p["simulate_dir"], overlap=measured if measured.exists() else None)
     from echo.report.audit import summaries_table
 
     print(summaries_table(args.results, paths=[p["simulate_dir"] / "summary.parquet"]))
@@ -146,6 +150,39 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_graph(args: argparse.Namespace) -> int:
+    from echo.trace.graph import class_graph, write_graph
+
+    p = _paths(args.results, args.workload)
+    _need(p["ops"], p["rank_classes"], hint=f"run `python -m echo trace/dedup --workload {args.workload}` first")
+    g = class_graph(p["trace_dir"], p["rank_classes"], args.class_id)
+    out = args.out or p["trace_dir"] / f"class{args.class_id}.{args.format}"
+    write_graph(g, out, args.format)
+    print(f"{out}: {g.number_of_nodes()} ops, {g.number_of_edges()} dependencies (rank {g.graph['rank']})")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    from echo.report.audit import render_rows
+    from echo.trace.diff import diff
+
+    dirs = [_paths(args.results, w)["trace_dir"] for w in (args.a, args.b)]
+    _need(*(d / "ops.parquet" for d in dirs), hint="trace both workloads first")
+    rows = diff(*dirs)
+    if not rows:
+        print(f"{args.a} and {args.b} run the same ops and collectives on every role")
+        return 0
+    table = pa.Table.from_pylist(rows).rename_columns(
+        ["role", "what", "phase", "name", "detail", args.a, args.b])
+    shown = table.slice(0, args.max_rows)
+    print(render_rows(shown.column_names, [str(t) for t in shown.schema.types], [tuple(r.values()) for r in shown.to_pylist()],
+                      caption=f"{table.num_rows} differences" + (f", first {args.max_rows} shown"
+                                                                if table.num_rows > args.max_rows else "")))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from echo.report.audit import summaries_table
 
@@ -158,6 +195,42 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
     result = collective_main(args.topology, args.op, args.gpus, args.bytes)
     print(json.dumps(result, default=str))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from echo.report.status import status
+
+    code, text = status(args.targets, workdir=args.workdir, config_dir=args.config_dir, extra=args.snakemake_args)
+    print(text)
+    return code
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from echo.report.audit import render_table
+    from echo.sweep import expansion, layouts_table
+
+    exp = expansion(args.sweep, root=args.config_dir)
+    s = exp.sweep
+    print(f"sweep {s.name}: {s.description}")
+    print(f"  {s.gpus} x {s.hardware} on {', '.join(s.topologies)}; axes: "
+          + "; ".join(f"{a} {v}" for a, v in s.axes.items()))
+    print(f"  {len(exp.candidates)} combinations: {len(exp.kept)} layouts kept (traced as {len(exp.traces)} "
+          f"shared traces), {len(exp.dropped)} dropped")
+    table = layouts_table(exp)
+    shared = [t.split("--", 1)[1] if t else None for t in table.column("trace").to_pylist()]
+    table = table.set_column(table.schema.get_field_index("trace"), "shared trace", pa.array(shared, pa.string()))
+    print(render_table(table.select(["tokens", "kept", "shared trace", "key", "reason"]), title=f"layouts of {s.name}"))
+    ranking = args.results / "sweep" / s.name / "ranking.parquet"
+    if ranking.is_file():
+        top = pq.read_table(ranking).slice(0, args.top)
+        print(render_table(top.select(["rank", "tokens", "topology", "step_time_s", "mfu", "peak_mem_gib", "fits"]),
+                           title=f"best layouts ({ranking})"))
+    else:
+        print(f"not simulated yet: snakemake --cores 2 {ranking}")
     return 0
 
 
@@ -199,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("profile", cmd_profile, "time the distinct kernels of a traced workload on a hardware")
     p.add_argument("--workload", required=True)
     p.add_argument("--hardware", required=True)
-    p.add_argument("--cache-dir", type=Path, default=None, help="kernel timing cache (default: none)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="kernel timing cache (default: RESULTS/profile/_cache, the workflow's)")
 
     p = add("calibrate", cmd_calibrate, "fit the collective model of a topology")
     p.add_argument("--topology", required=True)
@@ -213,6 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sql", nargs="?", default=None, help="a query, or - to read it from stdin")
     p.add_argument("--max-rows", type=int, default=200)
 
+    p = add("graph", cmd_graph, "export one rank class's traced graph (networkx) as GraphML or Graphviz dot")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--class", dest="class_id", type=int, required=True, help="class_id in rank_classes.parquet")
+    p.add_argument("--format", choices=("graphml", "dot"), default="graphml")
+    p.add_argument("--out", type=Path, default=None, help="output file (default: RESULTS/trace/W/classC.FORMAT)")
+
+    p = add("diff", cmd_diff, "op, shape and collective differences between two traced workloads, per role")
+    p.add_argument("a", help="a traced workload (e.g. one with zero 1)")
+    p.add_argument("b", help="another (e.g. the same with zero 3)")
+    p.add_argument("--max-rows", type=int, default=200)
+
     add("report", cmd_report, "print the summaries of all simulated experiments")
 
     p = add("collective", cmd_collective, "estimate one collective on a topology (calibrated first)")
@@ -220,6 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", required=True, help="all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | send | recv")
     p.add_argument("--gpus", type=int, required=True)
     p.add_argument("--bytes", type=parse_bytes, required=True, help="message size, e.g. 1048576, 64KB, 1MiB")
+
+    p = add("status", cmd_status, "what is cached and what would re-run, and why (Snakemake's dry run, explained)")
+    p.add_argument("targets", nargs="*", help="Snakemake targets (default: rule all)")
+    p.add_argument("--workdir", type=Path, default=Path("."), help="the workflow's folder (default: .)")
+    p.add_argument("--snakemake-args", nargs=argparse.REMAINDER, default=[],
+                   help="passed on to snakemake, e.g. --config 'sweeps=[gpt3-175b-a100-1024]'")
+
+    p = add("sweep", cmd_sweep, "a sweep's layouts (kept or dropped, with why) and, once simulated, the best")
+    p.add_argument("sweep", help="a config/sweeps/ file's name")
+    p.add_argument("--top", type=int, default=3, help="best layouts to show (default 3)")
 
     add("versions", cmd_versions, "print each stage's code version (what the workflow's params compare)")
     return parser

@@ -21,10 +21,11 @@ WORKFLOW_PARTS = ("Snakefile", "workflow", "config", "profiles", "echo")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake", "results", "logs")
 
 
-def copy_workflow(dest: Path) -> Path:
+def copy_workflow(dest: Path, source: Path = REPO) -> Path:
+    """The workflow's parts from ``source`` (default: this repository) into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     for part in WORKFLOW_PARTS:
-        src = REPO / part
+        src = source / part
         if src.is_dir():
             shutil.copytree(src, dest / part, ignore=_IGNORE)
         else:
@@ -100,3 +101,67 @@ def dry_run(cwd: Path, *targets: str) -> set[tuple[str, tuple[tuple[str, str], .
 
 def job(rule: str, **wildcards: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return rule, tuple(sorted(wildcards.items()))
+
+
+# --- the tiny experiments, run once per session (the end-to-end and SLURM tests compare to it) ---
+
+TINY = [("tiny-dp2", "local-cpu", "local-gloo"), ("tiny-tp2", "local-cpu", "local-gloo"),
+        ("tiny-pp2", "local-cpu", "local-gloo")]
+# A GPU target whose results are deterministic (modelled kernels and network), to compare exactly.
+GPU_TARGET = ("tiny-tp2", "a100-sxm-80gb", "dgx-a100-hdr")
+TINY_TARGETS = ("all", "results/simulate/{}/{}/{}/summary.parquet".format(*GPU_TARGET))
+
+
+def use_tiny_experiments(wf: Path) -> None:
+    """Make the tiny experiments the copy's default experiments (rule all)."""
+    experiments = "".join(f"  - {{workload: {w}, hardware: {h}, topology: {t}}}\n" for w, h, t in TINY)
+    (wf / "config" / "config.yaml").write_text("experiments:\n" + experiments)
+
+
+def workflow_logs(wf: Path, tail: int = 3000) -> str:
+    return "\n".join(f"== {p}\n{p.read_text()[-tail:]}" for p in sorted((wf / "logs").rglob("*.log")))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workflow copy in which the tiny experiments (rule all, with the report's figures) and
+    GPU_TARGET have run locally with the real stages; the terminal output is in run.out."""
+    wf = copy_workflow(tmp_path_factory.mktemp("tiny") / "wf")
+    use_tiny_experiments(wf)
+    proc = snakemake(wf, "--cores", "2", *TINY_TARGETS)
+    (wf / "run.out").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-10000:] + workflow_logs(wf)
+    return wf
+
+
+# --- the default DAG run with stub stages (for what-re-runs tests) --------------------------------
+
+STUB = '''\
+from pathlib import Path
+
+for f in map(Path, snakemake.output):  # noqa: F821
+    if f.suffix:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("stub")
+    else:  # a directory() output
+        f.mkdir(parents=True, exist_ok=True)
+Path(snakemake.log[0]).write_text("stub")  # noqa: F821
+'''
+
+
+def stub_scripts(wf: Path) -> None:
+    """Replace the copy's rule scripts by ones that only write their outputs (so Snakemake
+    records params and code versions without running the stages)."""
+    for script in (wf / "workflow" / "scripts").glob("*.py"):
+        if not script.name.startswith("_"):
+            script.write_text(STUB)
+
+
+@pytest.fixture(scope="session")
+def stub_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workflow copy whose whole default DAG has run once with stub scripts."""
+    wf = copy_workflow(tmp_path_factory.mktemp("stub") / "wf")
+    stub_scripts(wf)
+    proc = snakemake(wf, "--cores", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return wf

@@ -294,7 +294,7 @@ def test_gloo_fit_predicts_held_out_sizes(gloo_bench):
 
 
 def test_calibrate_gloo_fits_and_records_measurements(tmp_path, monkeypatch, gloo_bench):
-    monkeypatch.setattr(calibrate_mod, "run_gloo_benchmark", lambda cal: gloo_bench)
+    monkeypatch.setattr(calibrate_mod, "run_gloo_benchmark", lambda cal, priority="none": gloo_bench)
     run_calibrate(load_topology("local-gloo"), tmp_path)
     model = NetworkModel.load(tmp_path / "network.json")
     assert model.source == "fitted" and model.params.op_links["all_reduce"]["bandwidth_GBps"] > 0

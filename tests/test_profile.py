@@ -52,8 +52,9 @@ def test_large_square_bf16_gemm_reaches_best_measured(hw_name):
     hw = load_hardware(hw_name)
     got = tflops(hw, gemm(16384, 16384, 16384))
     best = BEST_GEMM_TFLOPS[hw_name]
-    assert abs(got / best - 1) < 0.05, (hw_name, got, best)
     assert got <= best * 1.0001  # shape effects only ever lose against the best GEMM
+    # a training job sustains a fraction of that burst rate (sustained_compute, fitted on step times)
+    assert abs(got / hw.compute_model.sustained_compute / best - 1) < 0.05, (hw_name, got, best)
 
 
 def test_partial_last_wave_is_slower_per_flop():
@@ -222,7 +223,7 @@ def test_cache_times_only_new_kernels(tmp_path, monkeypatch):
     assert (note2["measure"]["timed"], note2["measure"]["cached"]) == (1, 1)
     k2 = {r["kernel_key"]: r for r in read_parquet(tmp_path / "k2.parquet").to_pylist()}
     k1 = {r["kernel_key"]: r for r in read_parquet(tmp_path / "k1.parquet").to_pylist()}
-    assert k2[add.kernel_key]["duration_us"] == k1[add.kernel_key]["duration_us"]
+    assert k2[add.kernel_key]["isolated_us"] == k1[add.kernel_key]["isolated_us"]
     assert len(read_parquet(cache / "cpu_kernels.parquet")) == 3
 
 
@@ -313,3 +314,73 @@ def test_cache_keeps_timings_of_another_method_or_file_format_apart(tmp_path):
     cache_mod.store(legacy, {"k1": ("aten.mm.default", 2.0)}, 1, measure_mod.METHOD)
     assert len(read_parquet(legacy / cache_mod.FILE)) == 2
     assert cache_mod.load(legacy, 1, measure_mod.METHOD) == {"k1": 2.0}
+
+
+# --- host overhead (DTensor dispatch) and the in-loop factor ----------------------------------
+def _flagged_twins(tmp_path, calls=3):
+    """A trace holding an add twice: plain, and behind ``calls`` DTensor-level calls."""
+    from dataclasses import replace
+
+    from echo.trace.hashing import dtensor_flags, kernel_key
+
+    add = real_kernels()[1]
+    plain = replace(add, kernel_key=kernel_key(add.name, add.args))
+    flagged = replace(add, kernel_key=kernel_key(add.name, add.args, dtensor_flags(calls)), dtensor=calls)
+    assert plain.kernel_key != flagged.kernel_key
+    table = ops_table([plain, flagged])
+    table = table.set_column(table.schema.get_field_index("dtensor"), "dtensor", pa.array([0, calls], pa.int32()))
+    return write_trace(tmp_path, table), plain, flagged
+
+
+@pytest.mark.parametrize("hw_name", ["local-cpu", "a100-sxm-80gb"])
+def test_dtensor_host_overhead_is_added_on_the_host_synchronous_cpu_only(hw_name, tmp_path, monkeypatch):
+    from echo.profile import host
+
+    per_call = 40.0
+    asked = []
+    monkeypatch.setattr(host, "dtensor_call_us", lambda cache_dir: asked.append(cache_dir) or {
+        "dtensor_call_us": per_call, "method": host.METHOD, "cached": True})
+    hw = load_hardware(hw_name)
+    assert hw.host_synchronous == (hw_name == "local-cpu")
+    trace, plain, flagged = _flagged_twins(tmp_path, calls=3)
+    note = run_profile(hw, trace, tmp_path / "k.parquet", tmp_path / "cache")
+    rows = {r["kernel_key"]: r for r in read_parquet(tmp_path / "k.parquet").to_pylist()}
+    p, f = rows[plain.kernel_key], rows[flagged.kernel_key]
+    assert (p["dtensor"], f["dtensor"]) == (0, 3)
+    if hw_name == "local-cpu":
+        assert p["host_us"] == 0.0 and f["host_us"] == pytest.approx(3 * per_call)
+        assert f["duration_us"] == pytest.approx(f["isolated_us"] * f["inloop_factor"] + 3 * per_call)
+        assert f["duration_us"] > p["duration_us"] + 2 * per_call  # a ~3 us add: the overhead dominates
+        assert note["host"]["dtensor_calls"] == 3 and note["host"]["added_ms"] == pytest.approx(3 * per_call / 1e3)
+    else:  # GPU targets: Megatron-LM runs there without DTensor, and host time hides behind the queue
+        assert asked == [] and "host" not in note
+        assert p["host_us"] == f["host_us"] == 0.0 and p["duration_us"] == f["duration_us"]
+
+
+def test_dtensor_call_overhead_is_measured_once_and_cached(tmp_path):
+    from echo.profile import host
+
+    first = host.dtensor_call_us(tmp_path)
+    # tens of microseconds per call on the development machine (a plain op's dispatch is ~3 us)
+    assert 3.0 < first["dtensor_call_us"] < 1000.0, first
+    assert first["q25_us"] <= first["dtensor_call_us"] <= first["q75_us"]
+    assert first["calls_per_step"] > 100 and not first["cached"]  # views, GEMMs, loss: each layer's calls
+    again = host.dtensor_call_us(tmp_path)
+    assert again["cached"] and again["dtensor_call_us"] == first["dtensor_call_us"]
+
+
+def test_inloop_factors_per_class_with_small_classes_pooled():
+    from echo.profile import inloop
+
+    def k(key, op_class, count=1):
+        return Kernel(key, "aten.x.default", op_class, "compute", "[]", "float32", 0.0, 0.0, "{}", count)
+
+    ks = [k("g1", "gemm", 2), k("g2", "gemm"), k("e1", "elementwise", 10), k("n1", "norm"), k("r1", "reduction")]
+    iso = {"g1": 1000.0, "g2": 2000.0, "e1": 100.0, "n1": 300.0, "r1": 250.0}
+    rep = {"g1": 1100.0, "g2": 2300.0, "e1": 150.0, "n1": 600.0, "r1": 1000.0}
+    f = inloop.inloop_factors(ks, iso, rep)
+    assert f["gemm"] == pytest.approx((2 * 1100 + 2300) / (2 * 1000 + 2000))
+    assert f["elementwise"] == pytest.approx(1.5)  # 10 x 100 us: a class of its own
+    # norm and reduction each fall below MIN_CLASS_US: they share one ratio
+    assert "norm" not in f and "reduction" not in f
+    assert f["*"] == pytest.approx((600 + 1000) / (300 + 250))

@@ -78,7 +78,45 @@ def test_a_second_workload_times_only_its_new_kernels(traces, tmp_path):
     assert second["measure"]["cached"] >= len(pp2 & dp2) - first["measure"]["modelled"]
     a, b = rows(tmp_path / "dp2.parquet"), rows(tmp_path / "pp2.parquet")
     shared = [k for k in pp2 & dp2 if a[k]["source"] == "measured"]
-    assert all(a[k]["duration_us"] == b[k]["duration_us"] for k in shared)  # read back, not re-timed
-    # the same workload again: nothing is timed
+    # read back, not re-timed (the in-loop factor is the workload's own: of its op classes in its trace)
+    assert all(a[k]["isolated_us"] == b[k]["isolated_us"] for k in shared)
+    assert all(b[k]["duration_us"] == pytest.approx(b[k]["isolated_us"] * b[k]["inloop_factor"]) for k in shared)
+    # only the tasks holding new kernels were replayed in order
+    assert first["measure"]["inloop"]["cached"] == 0 and first["measure"]["inloop"]["replayed"] > 0
+    assert second["measure"]["inloop"]["cached"] >= 0.9 * len(shared)
+    # the same workload again: nothing is timed or replayed, and the durations repeat exactly
     again = run_profile(hw, traces["tiny-pp2"], tmp_path / "pp2b.parquet", cache_dir=cache)
-    assert again["measure"]["timed"] == 0
+    assert again["measure"]["timed"] == 0 and again["measure"]["inloop"]["replayed"] == 0
+    c = rows(tmp_path / "pp2b.parquet")
+    assert all(c[k]["duration_us"] == b[k]["duration_us"] for k in b)
+
+
+def test_in_loop_replay_times_every_kernel_in_recorded_order_with_outputs_chained(traces):
+    import pyarrow.parquet as pq
+
+    from echo.profile import inloop
+
+    ops = pq.read_table(traces["tiny-dp2"] / "ops.parquet").to_pylist()
+    deps = pq.read_table(traces["tiny-dp2"] / "deps.parquet").to_pylist()
+    chained: list[int] = []
+    real_chain = inloop._chain
+
+    def counting(args, produced):
+        chained.append(len(produced))
+        return real_chain(args, produced)
+
+    inloop._chain = counting
+    try:
+        times = inloop.replay_times(ops, deps, repeats=1, windows=1)
+    finally:
+        inloop._chain = real_chain
+    kernels = {o["kernel_key"] for o in ops if o["kind"] in ("compute", "memcpy")}
+    assert set(times) == kernels and all(t > 0 for t in times.values())
+    # most ops of a task read what an earlier op of the same task wrote (forward: the residual
+    # stream through every layer), and those inputs are the earlier ops' real outputs
+    in_task = sum(1 for t in inloop.tasks_of(ops).values() for _ in t)
+    assert len(chained) > 0.4 * in_task * 2  # warm-up + one timed replay
+    # only the tasks holding a wanted kernel are replayed
+    opt = next(o for o in ops if o["phase"] == "optimizer" and o["kind"] == "compute")
+    assert set(inloop.replay_times(ops, deps, {opt["kernel_key"]}, repeats=1, windows=1)) == {
+        o["kernel_key"] for o in ops if o["phase"] == "optimizer" and o["kind"] in ("compute", "memcpy")}

@@ -325,3 +325,42 @@ def test_graph_export_and_diff_of_zero1_vs_zero3(tmp_path):
     # ZeRO 3 gathers every layer in forward and again in backward; ZeRO 1 once, after the step
     assert sum(r["count_b"] for r in gathers if r["phase"] == "forward") == L + 1
     assert sum(r["count_a"] for r in gathers if r["phase"] == "optimizer") == 1
+    # the same through the command line, over a results folder laid out as the workflow writes it
+    from echo.cli import main
+
+    results = tmp_path / "results"
+    for zero in (1, 3):
+        (results / "trace").mkdir(parents=True, exist_ok=True)
+        dirs[zero].rename(results / "trace" / f"z{zero}")
+    (results / "dedup" / "z1").mkdir(parents=True)
+    (tmp_path / "classes.parquet").rename(results / "dedup" / "z1" / "rank_classes.parquet")
+    out = tmp_path / "g.dot"
+    assert main(["graph", "--workload", "z1", "--class", "0", "--format", "dot", "--out", str(out),
+                 "--results", str(results)]) == 0
+    assert out.read_text().count(" -> ") == g.number_of_edges()
+    assert main(["diff", "z1", "z3", "--results", str(results)]) == 0
+    assert main(["graph", "--workload", "z3", "--class", "0", "--results", str(results)]) == 1  # no dedup yet
+
+
+def test_dtensor_calls_flag_the_kernels_of_tensor_parallel_traces_only(tp_pp_dp, tmp_path):
+    """Every DTensor-level call (the linears' view / t / addmm, ...) is charged to the next kernel,
+    in its kernel key; a trace without tensor parallelism has none."""
+    from echo.trace.hashing import dtensor_flags, kernel_key
+
+    _, tables = tp_pp_dp
+    plain = trace_ranks(workload(dp=2), [0], tmp_path)["ops"].to_pylist()
+    assert sum(o["dtensor"] for o in plain) == 0
+    assert all(o["kernel_key"] == kernel_key(o["name"], o["args"]) for o in plain)
+    for rank in (0, 4):  # stage 0: embedding + 2 layers; stage 1: 2 layers + head and loss
+        ops = _rank(tables, "ops", rank).to_pylist()
+        kernels = [o for o in ops if o["kind"] in ("compute", "memcpy")]
+        assert all(o["dtensor"] == 0 for o in ops if o["kind"] not in ("compute", "memcpy"))
+        assert all(o["kernel_key"] == kernel_key(o["name"], o["args"], dtensor_flags(o["dtensor"])) for o in kernels)
+        fwd = [o for o in kernels if o["phase"] == "forward"]
+        # per layer 4 sharded linears, each at least view + t + addmm on DTensors, each giving a
+        # kernel of its own (column-parallel: the addmm; row-parallel: the partial bias first)
+        assert sum(o["dtensor"] for o in fwd) >= 3 * 4 * (L // 2)
+        assert sum(o["dtensor"] > 0 for o in fwd) >= 4 * (L // 2)
+        # backward runs through DTensor too; the optimizer works on local flat buffers
+        assert sum(o["dtensor"] for o in kernels if o["phase"] == "backward") >= 3 * 4 * (L // 2)
+        assert sum(o["dtensor"] for o in kernels if o["phase"] == "optimizer") == 0

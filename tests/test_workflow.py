@@ -20,15 +20,29 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import REPO, copy_workflow, dry_run, edit_yaml, job, parse_jobs, snakemake
+from conftest import (
+    REPO,
+    TINY,
+    dry_run,
+    edit_yaml,
+    job,
+    parse_jobs,
+    snakemake,
+    use_tiny_experiments,
+)
 
-from echo.artifacts import SUMMARY, TIMELINE
+from echo.artifacts import SUMMARY, TIMELINE, TRACED_RANKS
 from echo.report.audit import VIEWS, audit, summaries_table
 
 EXPERIMENTS = [tuple(e[k] for k in ("workload", "hardware", "topology"))
                for e in yaml.safe_load((REPO / "config" / "config.yaml").read_text())["experiments"]]
-TINY = [("tiny-dp2", "local-cpu", "local-gloo"), ("tiny-tp2", "local-cpu", "local-gloo"),
-        ("tiny-pp2", "local-cpu", "local-gloo")]
+
+
+# Hardware measured on this machine (kind: cpu) has its compute/communication overlap measured by
+# the overlap rule; GPUs take published figures and need no job.
+CPU_HARDWARE = {p.stem for p in (REPO / "config" / "hardware").glob("*.yaml")
+                if yaml.safe_load(p.read_text()).get("kind") == "cpu"}
+HAS_OVERLAP = (REPO / "workflow" / "rules" / "overlap.smk").is_file()
 
 
 def jobs_for(experiments, rules=("trace", "dedup", "profile", "calibrate", "overlap", "simulate")) -> set:
@@ -36,16 +50,25 @@ def jobs_for(experiments, rules=("trace", "dedup", "profile", "calibrate", "over
     for w, h, t in experiments:
         out |= {job("trace", workload=w), job("dedup", workload=w), job("profile", workload=w, hardware=h),
                 job("calibrate", topology=t), job("simulate", workload=w, hardware=h, topology=t)}
-        if h == "local-cpu":  # the overlap slowdown is measured on the local device
+        if HAS_OVERLAP and h in CPU_HARDWARE:
             out.add(job("overlap", hardware=h))
     return {j for j in out if j[0] in rules}
+
+
+def plots_for(experiments) -> set:
+    """The report's per-experiment figures (Gantt, memory, Perfetto trace)."""
+    return {job("plot_experiment", workload=w, hardware=h, topology=t) for w, h, t in experiments}
+
+
+# what any change to a default experiment re-runs last: the overview figures, the report, rule all
+REPORT = {job("plot_overview"), job("report"), job("all")}
 
 
 # --- DAG shape --------------------------------------------------------------------------------
 
 
 def test_rule_all_dry_run_lists_expected_jobs(workflow_copy: Path) -> None:
-    expected = jobs_for(EXPERIMENTS) | {job("report"), job("all")}
+    expected = jobs_for(EXPERIMENTS) | plots_for(EXPERIMENTS) | REPORT
     assert dry_run(workflow_copy) == expected
 
 
@@ -76,7 +99,9 @@ def test_rules_get_only_their_config_slice() -> None:
         assert f'code=code_version("{rule}")' in text, rule
         assert ("topology_params" in text) == (rule in ("calibrate", "simulate")), rule
         assert ("hardware=hardware_params" in text) == (rule in ("profile", "simulate")), rule
-        assert ("workload=workload_params" in text) == (rule in ("trace", "dedup", "simulate")), rule
+        # trace and dedup get the workload without its simulation-only keys (overlap flags)
+        assert ("workload=trace_workload_params" in text) == (rule in ("trace", "dedup")), rule
+        assert ("workload=workload_params" in text) == (rule in ("simulate", "measure")), rule
         for directive in ("log:", "benchmark:", 'conda:\n        "../envs/echo.yaml"'):
             assert directive in text, (rule, directive)
 
@@ -125,28 +150,6 @@ def test_bad_experiment_list_refused(workflow_copy: Path) -> None:
 
 # --- caching: what an edit re-runs --------------------------------------------------------------
 
-STUB = '''\
-from pathlib import Path
-
-for f in snakemake.output:  # noqa: F821
-    Path(f).parent.mkdir(parents=True, exist_ok=True)
-    Path(f).write_text("stub")
-Path(snakemake.log[0]).write_text("stub")  # noqa: F821
-'''
-
-
-@pytest.fixture(scope="module")
-def stub_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A workflow copy whose whole default DAG has run once with stub scripts."""
-    wf = copy_workflow(tmp_path_factory.mktemp("stub") / "wf")
-    for script in (wf / "workflow" / "scripts").glob("*.py"):
-        if not script.name.startswith("_"):
-            script.write_text(STUB)
-    proc = snakemake(wf, "--cores", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return wf
-
-
 @pytest.fixture
 def completed(stub_run: Path, tmp_path: Path) -> Path:
     """A private copy of the stub-run workflow (outputs, logs and Snakemake's records kept)."""
@@ -163,7 +166,7 @@ def test_completed_workflow_has_nothing_to_do(completed: Path) -> None:
 def test_topology_edit_reruns_only_that_topology(completed: Path) -> None:
     edit_yaml(completed / "config" / "topologies" / "local-gloo.yaml", **{"intra_node.bandwidth_GBps": 3.0})
     tiny_gloo = [e for e in EXPERIMENTS if e[2] == "local-gloo"]
-    expected = jobs_for(tiny_gloo, rules=("calibrate", "simulate")) | {job("report"), job("all")}
+    expected = jobs_for(tiny_gloo, rules=("calibrate", "simulate")) | plots_for(tiny_gloo) | REPORT
     assert dry_run(completed) == expected
     # (not `--list-changes params`: in snakemake 9.27.1 it lists one output of every job, changed
     # or not, because an empty ParamsChange still iterates over its files)
@@ -172,14 +175,21 @@ def test_topology_edit_reruns_only_that_topology(completed: Path) -> None:
 def test_hardware_edit_reruns_only_profile_and_simulate(completed: Path) -> None:
     edit_yaml(completed / "config" / "hardware" / "local-cpu.yaml", memory_gib=32.0)
     on_cpu = [e for e in EXPERIMENTS if e[1] == "local-cpu"]
-    assert dry_run(completed) == jobs_for(on_cpu, rules=("profile", "simulate")) | {job("report"), job("all")}
+    assert dry_run(completed) == jobs_for(on_cpu, rules=("profile", "simulate")) | plots_for(on_cpu) | REPORT
 
 
 def test_workload_edit_reruns_its_chain_only(completed: Path) -> None:
     edit_yaml(completed / "config" / "workloads" / "tiny-pp2.yaml", **{"training.global_batch": 16})
     exp = [e for e in EXPERIMENTS if e[0] == "tiny-pp2"]
-    assert dry_run(completed) == jobs_for(exp, rules=("trace", "dedup", "profile", "simulate")) | {
-        job("report"), job("all")}
+    assert dry_run(completed) == jobs_for(exp, rules=("trace", "dedup", "profile", "simulate")) | plots_for(
+        exp) | REPORT
+
+
+def test_overlap_flag_reruns_the_simulation_only(completed: Path) -> None:
+    # a simulation-only key (Megatron's overlap options): the trace, dedup and profile stay
+    edit_yaml(completed / "config" / "workloads" / "tiny-dp2.yaml", **{"parallel.overlap_grad_reduce": True})
+    exp = [e for e in EXPERIMENTS if e[0] == "tiny-dp2"]
+    assert dry_run(completed) == jobs_for(exp, rules=("simulate",)) | plots_for(exp) | REPORT
 
 
 def test_comment_or_touch_of_a_config_reruns_nothing(completed: Path) -> None:
@@ -191,7 +201,7 @@ def test_comment_or_touch_of_a_config_reruns_nothing(completed: Path) -> None:
 def test_stage_code_change_reruns_that_stage(completed: Path) -> None:
     audit_py = completed / "echo" / "report" / "audit.py"
     audit_py.write_text(audit_py.read_text() + "\n# changed\n")
-    assert dry_run(completed) == {job("report"), job("all")}
+    assert dry_run(completed) == plots_for(EXPERIMENTS) | REPORT  # the report stage's rules only
 
 
 def test_shared_module_change_reruns_its_users(completed: Path) -> None:
@@ -342,8 +352,10 @@ def test_audit_sql_table(results: Path) -> None:
 
 
 def test_audit_every_view_name_matches_design() -> None:
+    # the pipeline's artifacts (DESIGN.md section 3) first, then validation and sweeps
     assert [v.name for v in VIEWS] == ["ops", "comms", "deps", "traced_ranks", "rank_classes", "kernels",
-                                       "collectives", "summary", "timeline"]
+                                       "collectives", "summary", "timeline", "overlap_slowdown", "measured",
+                                       "measured_phases", "compare", "published", "sweep_layouts", "sweep_ranking"]
 
 
 def test_audit_empty_results(tmp_path: Path) -> None:
@@ -360,35 +372,59 @@ def test_cli_audit_and_report(results: Path) -> None:
     assert proc.returncode == 0 and "gpt3-175b" in proc.stdout and "step_time_s" in proc.stdout
 
 
+def write_timeline(path: Path, stages: int) -> None:
+    rows = [{"class_id": 0, "pp_rank": s, "stream": stream, "name": f"{kind} {mb}", "kind": kind, "microbatch": mb,
+             "chunk": 0, "start_s": 0.01 * (2 * mb + (kind == "backward") + s), "end_s": 0.01 * (2 * mb + (kind == "backward") + s + 1)}
+            for s in range(stages) for mb in range(2) for kind, stream in (("forward", "compute"), ("backward", "compute"))]
+    rows.append({**rows[-1], "kind": "optimizer", "name": "optimizer", "microbatch": -1, "start_s": 0.1, "end_s": 0.11})
+    pq.write_table(pa.Table.from_pylist(rows, schema=TIMELINE), path)
+
+
+def write_traced_ranks(path: Path, stages: int) -> None:
+    rows = [{"rank": s, "role": f"pp{s}", "pp_rank": s, "tp_rank": 0, "dp_rank": 0, "cp_rank": 0, "graph_hash": "h",
+             "param_bytes": 2 << 20, "grad_bytes": 4 << 20, "optimizer_bytes": 8 << 20,
+             "activation_bytes_per_microbatch": 1 << 20, "trace_wall_s": 1.0} for s in range(stages)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=TRACED_RANKS), path)
+
+
 def test_report_rule_writes_and_prints_summaries(workflow_copy: Path) -> None:
-    """The report rule alone, over summaries written here (the stages are not run)."""
-    experiments = "".join(f"  - {{workload: {w}, hardware: {h}, topology: {t}}}\n" for w, h, t in TINY)
-    (workflow_copy / "config" / "config.yaml").write_text("experiments:\n" + experiments)
+    """The report and its figure rules alone, over results written here (the stages are not run)."""
+    use_tiny_experiments(workflow_copy)
     for step, (w, h, t) in enumerate(TINY, start=1):
-        (workflow_copy / "results" / "simulate" / w / h / t).mkdir(parents=True)
+        out = workflow_copy / "results" / "simulate" / w / h / t
+        out.mkdir(parents=True)
         write_summary(workflow_copy / "results", w, h, t, step / 10)
-    proc = snakemake(workflow_copy, "--cores", "1", "results/report/summaries.parquet", "--allowed-rules", "report")
+        write_timeline(out / "timeline.parquet", stages=2 if w == "tiny-pp2" else 1)
+        (out / "trace.json").write_text('{"traceEvents": []}')
+        (workflow_copy / "results" / "trace" / w).mkdir(parents=True)
+        write_traced_ranks(workflow_copy / "results" / "trace" / w / "ranks.parquet", stages=2 if w == "tiny-pp2" else 1)
+    proc = snakemake(workflow_copy, "--cores", "1", "results/report/summaries.parquet",
+                     "--allowed-rules", "report", "plot_experiment", "plot_overview")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = pq.read_table(workflow_copy / "results" / "report" / "summaries.parquet")
     assert table.column("workload").to_pylist() == sorted(w for w, _, _ in TINY)
     assert set(SUMMARY.names) <= set(table.column_names)
     assert "step_time_s" in proc.stdout and "tiny-pp2" in proc.stdout  # printed on the terminal
     assert "tiny-pp2" in (workflow_copy / "logs" / "report" / "report.log").read_text()
+    report = workflow_copy / "results" / "report"
+    for w, h, t in TINY:
+        for name in ("gantt.svg", "memory.svg", "trace.json"):
+            assert (report / "experiments" / w / h / t / name).stat().st_size > 0, (w, name)
+    assert "<svg" in (report / "step_breakdown.svg").read_text()
+    assert "no measurements yet" in (report / "predicted_vs_measured.svg").read_text()
 
 
 # --- end to end ---------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_tiny_experiments_end_to_end(workflow_copy: Path) -> None:
-    """The real stages on the three tiny experiments (rule all over them), the contract columns,
-    the audit, and what a topology edit would re-run afterwards."""
-    experiments = "".join(f"  - {{workload: {w}, hardware: {h}, topology: {t}}}\n" for w, h, t in TINY)
-    (workflow_copy / "config" / "config.yaml").write_text("experiments:\n" + experiments)
-    proc = snakemake(workflow_copy, "--cores", "2")
-    logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted((workflow_copy / "logs").rglob("*.log")))
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-10000:] + logs
-
+def test_tiny_experiments_end_to_end(tiny_run: Path, tmp_path: Path) -> None:
+    """The real stages on the three tiny experiments (rule all over them, run once per session by
+    the tiny_run fixture), the contract columns, the audit, the report's figures, and what a
+    topology edit would re-run afterwards."""
+    workflow_copy = tmp_path / "wf"
+    shutil.copytree(tiny_run, workflow_copy, symlinks=True)
+    out_text = (workflow_copy / "run.out").read_text()
     results = workflow_copy / "results"
     for w, h, t in TINY:
         out = results / "simulate" / w / h / t
@@ -405,16 +441,20 @@ def test_tiny_experiments_end_to_end(workflow_copy: Path) -> None:
         assert set(TIMELINE.names) <= set(timeline.column_names) and timeline.num_rows > 0
         trace = json.loads((out / "trace.json").read_text())
         assert trace.get("traceEvents") if isinstance(trace, dict) else trace
+        figures = results / "report" / "experiments" / w / h / t
+        assert "<svg" in (figures / "gantt.svg").read_text() and "<svg" in (figures / "memory.svg").read_text()
+        assert (figures / "trace.json").read_bytes() == (out / "trace.json").read_bytes()
     for stage in ("trace", "dedup", "profile", "calibrate", "simulate", "report"):
         assert list((workflow_copy / "logs" / stage).rglob("*.log")), stage
         assert list((results / "benchmarks" / stage).rglob("*.tsv")), stage
     report = pq.read_table(results / "report" / "summaries.parquet")
     assert sorted(report.column("workload").to_pylist()) == sorted(w for w, _, _ in TINY)
-    assert "step_time_s" in proc.stdout  # the report rule printed its table
+    assert "step_time_s" in out_text  # the report rule printed its table
+    assert "Step-time breakdown" in (results / "report" / "step_breakdown.svg").read_text()
 
     text = audit("SELECT workload, count(*) AS n FROM summary GROUP BY ALL ORDER BY 1", results)
     assert all(w in text for w, _, _ in TINY)
     assert dry_run(workflow_copy) == set()
 
     edit_yaml(workflow_copy / "config" / "topologies" / "local-gloo.yaml", **{"intra_node.latency_us": 60.0})
-    assert dry_run(workflow_copy) == jobs_for(TINY, rules=("calibrate", "simulate")) | {job("report"), job("all")}
+    assert dry_run(workflow_copy) == jobs_for(TINY, rules=("calibrate", "simulate")) | plots_for(TINY) | REPORT

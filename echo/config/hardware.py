@@ -34,6 +34,10 @@ class ComputeModel(BaseModel):
 
     model_config = _STRICT
     matmul_efficiency: float = Field(gt=0, le=1, description="best achievable fraction of peak for large GEMMs")
+    sustained_compute: float = Field(
+        1.0, gt=0, le=1, description="fraction of the burst GEMM rate (matmul_efficiency, a shape search's best "
+        "single GEMM) that GEMM and attention kernels sustain inside a training job (clocks under sustained "
+        "power, neighbouring kernels); 1 = the burst rate")
     hbm_efficiency: float = Field(gt=0, le=1, description="achievable fraction of hbm_GBps for streaming kernels")
     kernel_launch_us: float = Field(ge=0, description="fixed per-kernel floor (launch + tail), microseconds")
     sm_count: PositiveInt = Field(description="streaming multiprocessors, for wave quantization")
@@ -56,6 +60,14 @@ class Hardware(BaseModel):
     model_config = _STRICT
     name: str
     kind: Literal["gpu", "cpu"] = Field(description="cpu means the local device: kernels are measured, not modelled")
+    # A GPU runs kernels from a queue the host fills ahead of it, so host time (Python, dispatch)
+    # hides behind device time; and Megatron-LM, which the GPU targets stand for, runs tensor
+    # parallelism without DTensor. On the local CPU the host thread is the device: the profile
+    # stage adds measured host overheads (DTensor dispatch, echo.profile.host) to the kernels.
+    host_synchronous: bool = Field(
+        False, description="the host's dispatch time adds to every kernel (true for the local CPU, whose "
+                           "kernels run on the dispatching thread); the profile stage then charges "
+                           "measured host overheads such as DTensor's per call")
     description: str = ""
     peak_tflops: PeakTflops
     memory_gib: PositiveFloat

@@ -29,7 +29,8 @@ def config_path(kind: str, name: str, root: Path | None = None) -> Path:
     return path
 
 
-def _read_yaml(path: Path) -> dict:
+def read_yaml(path: Path) -> dict:
+    """A config file's top-level mapping; bad YAML or another top level is a ConfigError."""
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -85,17 +86,17 @@ def parse_topology(data: dict, path: Path) -> Topology:
 
 def load_workload(name: str, root: Path | None = None) -> Workload:
     path = config_path("workload", name, root)
-    return parse_workload(_read_yaml(path), path)
+    return parse_workload(read_yaml(path), path)
 
 
 def load_hardware(name: str, root: Path | None = None) -> Hardware:
     path = config_path("hardware", name, root)
-    return parse_hardware(_read_yaml(path), path)
+    return parse_hardware(read_yaml(path), path)
 
 
 def load_topology(name: str, root: Path | None = None) -> Topology:
     path = config_path("topology", name, root)
-    return parse_topology(_read_yaml(path), path)
+    return parse_topology(read_yaml(path), path)
 
 
 def check_placement(workload: Workload, topology: Topology, topology_path: Path | str) -> None:

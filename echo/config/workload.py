@@ -58,6 +58,17 @@ class ParallelConfig(BaseModel):
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
     schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="pipeline schedule")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
+    overlap_grad_reduce: bool = Field(
+        False, description="Megatron-LM's --overlap-grad-reduce: gradient buckets are reduced during the last "
+        "backward as they fill, instead of after it (simulation only: the trace is the same)")
+    overlap_param_gather: bool = Field(
+        False, description="Megatron-LM's --overlap-param-gather: the distributed optimizer's parameter "
+        "all-gathers overlap the next iteration's forward, each bucket waited for where the forward reaches "
+        "its layers (needs zero 1 or 2 and data parallelism; simulation only)")
+    tp_comm_overlap: bool = Field(
+        False, description="Transformer Engine's --tp-comm-overlap (userbuffers): each sequence-parallel "
+        "all-gather / reduce-scatter is pipelined in tp chunks with the GEMM that consumes / produces it "
+        "(needs sequence_parallel and tp > 1; simulation only)")
     stage_layers: list[PositiveInt] | None = Field(
         None, description="layers of each virtual stage in pipeline order (pp x virtual_stages entries); "
         "default: layers split evenly. Llama 3 405B puts one layer less on the first and last stage")
@@ -70,6 +81,12 @@ class ParallelConfig(BaseModel):
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+
+# ParallelConfig keys that change only how the simulator replays a trace, not what is traced: the
+# trace, dedup and profile stages see the workload without them (workflow/rules/common.smk), so
+# flipping one re-runs the simulation only.
+SIMULATION_ONLY = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
 
 
 class TrainingConfig(BaseModel):
@@ -102,6 +119,14 @@ class Workload(BaseModel):
         """Micro-batches each pipeline runs per iteration."""
         t, p = self.training, self.parallel
         return t.global_batch // (t.micro_batch * p.dp)
+
+    def trace_dump(self) -> dict:
+        """``model_dump()`` without the simulation-only keys (``SIMULATION_ONLY``): what the trace,
+        dedup and profile stages depend on."""
+        d = self.model_dump()
+        for key in SIMULATION_ONLY:
+            d["parallel"].pop(key, None)
+        return d
 
     def contradictions(self) -> list[tuple[str, str]]:
         """(key, reason) for every pair of numbers that cannot both hold."""
@@ -140,4 +165,12 @@ class Workload(BaseModel):
         need(p.schedule != "interleaved" or p.pp > 1, "parallel.schedule", "interleaved needs pp > 1")
         need(p.schedule != "interleaved" or self.micro_batches % p.pp == 0, "training.global_batch",
              f"interleaved needs micro-batches ({self.micro_batches}) divisible by pp {p.pp}")
+        need(not p.overlap_param_gather or p.zero in (1, 2), "parallel.overlap_param_gather",
+             f"overlaps the distributed optimizer's parameter all-gather, which needs zero 1 or 2 (zero is {p.zero})")
+        need(not p.overlap_param_gather or p.dp * p.cp > 1, "parallel.overlap_param_gather",
+             "there is no parameter all-gather without data parallelism (dp x cp = 1)")
+        need(not p.tp_comm_overlap or p.tp > 1, "parallel.tp_comm_overlap",
+             f"overlaps tensor-parallel communication, which needs tp > 1 (tp is {p.tp})")
+        need(not p.tp_comm_overlap or p.sequence_parallel, "parallel.tp_comm_overlap",
+             "pipelines the sequence-parallel all-gathers and reduce-scatters, which needs sequence_parallel: true")
         return out

@@ -110,16 +110,18 @@ def read_topology_logs(topology: Topology, logs: list[str | Path] | None = None,
 
 def calibrated_model(topology: Topology, logs: list[str | Path] | None = None, *,
                      config_file: str | Path | None = None, root: str | Path | None = None,
-                     holdout: bool = True) -> tuple[NetworkModel, pa.Table]:
+                     holdout: bool = True, priority: str = "none") -> tuple[NetworkModel, pa.Table]:
     """The topology's model, benchmarked or fitted when its calibration asks for it, and the
     measurements it came from (empty for a nominal topology). ``holdout``: also refit without
-    each multi-node log and record how well that predicts it (``fit["leave_one_out"]``)."""
+    each multi-node log and record how well that predicts it (``fit["leave_one_out"]``).
+    ``priority``: how a local gloo benchmark's ranks are scheduled (echo.ranks.prioritize)."""
     base = NetworkParams.from_topology(topology)
     source = topology.calibration.source
     if source == "gloo_benchmark":
-        bench = run_gloo_benchmark(topology.calibration)
+        bench = run_gloo_benchmark(topology.calibration, priority=priority)
         params, summary = fit_params(base, bench)
         summary["measurements"] = bench.to_pylist()
+        summary["priority"] = priority
         return NetworkModel(topology, params, "fitted", summary), _gloo_measurements(bench)
     if source == "nccl_tests":
         measured = read_topology_logs(topology, logs, config_file=config_file, root=root)
@@ -174,7 +176,7 @@ def prediction_table(model: NetworkModel, measured: pa.Table | None = None) -> p
 
 
 def run_calibrate(topology: Topology, out_dir: Path, logs: list[str | Path] | None = None, *,
-                  root: str | Path | None = None) -> NetworkModel:
+                  root: str | Path | None = None, priority: str = "none") -> NetworkModel:
     """Write the calibrate outputs (``OUTPUTS``) for ``topology`` into ``out_dir``.
 
     ``logs``: resolved paths of the topology's nccl-tests logs (the workflow passes its inputs);
@@ -182,7 +184,7 @@ def run_calibrate(topology: Topology, out_dir: Path, logs: list[str | Path] | No
     from echo.network.plots import plot_busbw
 
     out_dir = Path(out_dir)
-    model, measured = calibrated_model(topology, logs, root=root)
+    model, measured = calibrated_model(topology, logs, root=root, priority=priority)
     table = prediction_table(model, measured)
     rows = {k for k in _measured_lookup(measured) if k[0] in OPS and k[1] >= 2}
     matched = table.filter(pc.is_valid(table["measured_time_us"])).num_rows

@@ -149,8 +149,10 @@ def _worker(rank: int, spec: dict) -> None:
 
 
 def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS,
-                       timeout_s: float = _TIMEOUT_S) -> pa.Table:
-    """Benchmark ``ops`` with ``calibration.ranks`` gloo processes on 127.0.0.1.
+                       timeout_s: float = _TIMEOUT_S, priority: str = "none") -> pa.Table:
+    """Benchmark ``ops`` with ``calibration.ranks`` gloo processes on 127.0.0.1, scheduled as
+    ``priority`` (echo.ranks.prioritize: the calibrate stage passes the measure stage's, so that
+    the collectives are timed as the real runs they predict schedule theirs).
 
     Returns a table (op, gpus, bytes, time_us); ``gpus`` is the group size (2 for send).
     """
@@ -168,7 +170,8 @@ def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS,
         tmp = Path(tmp_name)
         spec = {"world": calibration.ranks, "port": free_port(), "ops": list(ops), "iters": calibration.iters,
                 "sizes": sizes, "out": str(tmp / "bench.arrow")}
-        wait(launch("echo.network.gloo_bench", spec, spec["world"], tmp), tmp, timeout_s, "gloo benchmark")
+        wait(launch("echo.network.gloo_bench", spec, spec["world"], tmp, priority=priority), tmp, timeout_s,
+             "gloo benchmark")
         with pa.memory_map(spec["out"]) as source:
             return pa.ipc.open_file(source).read_all()
 

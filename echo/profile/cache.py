@@ -1,4 +1,5 @@
-"""Cache of CPU kernel timings across workloads: ``{cache_dir}/cpu_kernels.parquet``.
+"""Cache of CPU kernel timings across workloads: ``{cache_dir}/cpu_kernels.parquet`` (each kernel
+timed alone) and ``cpu_kernels_inloop.parquet`` (replayed in its traced task, echo.profile.inloop).
 
 A timing is reusable only on the same CPU model, torch version and thread count, and when taken
 by the same timing method (``measure.METHOD``), so those are part of each row's identity besides
@@ -23,6 +24,7 @@ import torch
 from echo.io import read_parquet, write_parquet
 
 FILE = "cpu_kernels.parquet"
+INLOOP_FILE = "cpu_kernels_inloop.parquet"
 SCHEMA = pa.schema([
     ("kernel_key", pa.string()),
     ("name", pa.string()),
@@ -47,9 +49,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def load(cache_dir: Path, threads: int, method: str) -> dict[str, float]:
-    """kernel_key -> duration_us of timings valid here."""
-    path = Path(cache_dir) / FILE
+def load(cache_dir: Path, threads: int, method: str, file: str = FILE) -> dict[str, float]:
+    """kernel_key -> duration_us of timings valid here (``file``: FILE, or INLOOP_FILE for the
+    in-loop replay timings of echo.profile.inloop)."""
+    path = Path(cache_dir) / file
     if not path.is_file():
         return {}
     t = _complete(read_parquet(path))
@@ -59,16 +62,16 @@ def load(cache_dir: Path, threads: int, method: str) -> dict[str, float]:
     return dict(zip(t["kernel_key"].to_pylist(), t["duration_us"].to_pylist(), strict=True))
 
 
-def store(cache_dir: Path, new: dict[str, tuple[str, float]], threads: int, method: str) -> None:
-    """Merge ``new`` (kernel_key -> (name, duration_us)) into the cache file."""
-    path = Path(cache_dir) / FILE
+def store(cache_dir: Path, new: dict[str, tuple[str, float]], threads: int, method: str, file: str = FILE) -> None:
+    """Merge ``new`` (kernel_key -> (name, duration_us)) into the cache file ``file``."""
+    path = Path(cache_dir) / file
     n = len(new)
     rows = pa.table({
         "kernel_key": list(new), "name": [v[0] for v in new.values()],
         "duration_us": [v[1] for v in new.values()], "threads": [threads] * n,
         "cpu": [cpu_model()] * n, "torch": [torch.__version__] * n, "method": [method] * n,
     }, schema=SCHEMA)
-    with _locked(path):
+    with locked(path):
         if path.is_file():
             rows = pa.concat_tables([_others(_complete(read_parquet(path)), rows), rows])
         write_parquet(rows, path, SCHEMA)
@@ -91,7 +94,7 @@ def _others(old: pa.Table, new: pa.Table) -> pa.Table:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)

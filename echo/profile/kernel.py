@@ -19,6 +19,7 @@ class Kernel:
     bytes: float
     args: str          # JSON of the call (see echo.artifacts.OPS)
     count: int = 1
+    dtensor: int = 0   # DTensor-level calls it stands for (echo.artifacts.OPS; part of kernel_key)
 
     @property
     def base(self) -> str:
@@ -32,6 +33,9 @@ class Result:
     """One kernel's duration and where it came from."""
 
     duration_us: float
-    source: str          # measured | model
+    source: str          # measured | model | imported
     threads: int         # intra-op threads it was timed with; 0 when modelled
     bound: str | None    # compute | memory | launch for a modelled kernel, else None
+    isolated_us: float | None = None    # measured: the kernel timed alone, before the in-loop factor
+    inloop_factor: float | None = None  # measured: in-loop / isolated time of its op class (echo.profile.inloop)
+    host_us: float = 0.0                # host overhead included in duration_us (echo.profile.host)

@@ -30,6 +30,11 @@ the copies' allocation and cache traffic made repeated profiles differ by 12-16%
 Results are cached by kernel key (see ``cache.py``) so a second workload times only the kernels
 it does not share. A kernel that cannot be rebuilt or is too large to run here falls back to the
 roofline model with this CPU's nominal figures, marked ``source = model``.
+
+Timed alone, a kernel runs faster than inside a training step. Given the trace, the measured
+durations are therefore scaled per op class by the in-loop factor of ``inloop`` (the trace's
+tasks replayed in order; those timings cached by kernel key too), keeping the isolated timing
+beside it (``Result.isolated_us``).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from echo.config import Hardware
-from echo.profile import cache, rebuild, roofline
+from echo.profile import cache, inloop, rebuild, roofline
 from echo.profile.kernel import Kernel, Result
 
 log = logging.getLogger(__name__)
@@ -198,9 +203,11 @@ def _sampler(call: rebuild.Call, args: rebuild.Args, batch: int):
 
 
 def measure_kernels(kernels: list[Kernel], hardware: Hardware, cache_dir: Path | None = None,
-                    stats: dict | None = None) -> dict[str, Result]:
-    """kernel_key -> Result for every kernel: cached, timed here, or modelled as a fallback.
-    ``stats`` (when given) receives what was cached, timed and modelled, and the timing cost."""
+                    stats: dict | None = None, trace_dir: Path | None = None) -> dict[str, Result]:
+    """kernel_key -> Result for every kernel: cached, timed here, or modelled as a fallback;
+    with ``trace_dir`` (the trace the kernels come from) measured ones are scaled to their
+    in-loop time (``inloop``). ``stats`` (when given) receives what was cached, timed and
+    modelled, the timing cost, and the in-loop factors."""
     t0 = time.perf_counter()
     cached = cache.load(cache_dir, MEASURE_THREADS, METHOD) if cache_dir else {}
     todo = [k for k in kernels if k.kernel_key not in cached]
@@ -212,13 +219,46 @@ def measure_kernels(kernels: list[Kernel], hardware: Hardware, cache_dir: Path |
     if cache_dir and new:
         cache.store(cache_dir, new, MEASURE_THREADS, METHOD)
     _log_fallbacks(fallbacks, len(kernels))
+    loop_stats = in_loop(kernels, results, Path(trace_dir), cache_dir) if trace_dir is not None else None
     if stats is not None:
         elapsed = time.perf_counter() - t0
         stats.update(cached=len(kernels) - len(todo), timed=len(new), modelled=sum(fallbacks.values()),
                      threads=MEASURE_THREADS, timing_s=elapsed,
                      kernels_per_s=len(new) / elapsed if new and elapsed > 0 else None,
                      cache=str(cache_dir) if cache_dir else None)
+        if loop_stats is not None:
+            stats["inloop"] = loop_stats
     return results
+
+
+def in_loop(kernels: list[Kernel], results: dict[str, Result], trace_dir: Path, cache_dir: Path | None) -> dict:
+    """Scale the measured ``results`` in place by their op class's in-loop factor: replayed
+    timings come from the cache (``cache.INLOOP_FILE``) or from replaying the tasks of
+    ``trace_dir`` that hold the others. Returns what was done (the profile note's ``inloop``)."""
+    t0 = time.perf_counter()
+    isolated = {k: r.duration_us for k, r in results.items() if r.source == "measured"}
+    names = {k.kernel_key: k.name for k in kernels}
+    replayed = cache.load(cache_dir, MEASURE_THREADS, inloop.METHOD, cache.INLOOP_FILE) if cache_dir else {}
+    replayed = {k: v for k, v in replayed.items() if k in isolated}
+    wanted = set(isolated) - set(replayed)
+    new: dict[str, float] = {}
+    if wanted:
+        new = inloop.replay_in_processes(trace_dir, wanted)
+        replayed.update(new)
+        if cache_dir and new:
+            cache.store(cache_dir, {k: (names[k], us) for k, us in new.items()}, MEASURE_THREADS, inloop.METHOD,
+                        cache.INLOOP_FILE)
+    factors = inloop.inloop_factors(kernels, isolated, replayed)
+    for k in kernels:
+        if k.kernel_key in isolated:
+            f = factors.get(k.op_class, factors["*"])
+            r = results[k.kernel_key]
+            results[k.kernel_key] = Result(r.duration_us * f, r.source, r.threads, r.bound, isolated_us=r.duration_us,
+                                           inloop_factor=f)
+    log.info("profile: in-loop factors %s (%d kernels replayed now, %d cached)",
+             ", ".join(f"{c} {f:.2f}" for c, f in sorted(factors.items())), len(new), len(replayed) - len(new))
+    return {"method": inloop.METHOD, "factors": factors, "replayed": len(new), "cached": len(replayed) - len(new),
+            "not_replayed": len(set(isolated) - set(replayed)), "timing_s": time.perf_counter() - t0}
 
 
 def _time_all(todo: list[Kernel], hardware: Hardware, results: dict[str, Result]) -> tuple[dict, Counter]:

@@ -4,7 +4,7 @@
            + kernel_launch_us
 
 ``matmul_efficiency`` in the hardware file is the best fraction of peak a large GEMM reaches
-(hardware.csv); ``efficiency(shape)`` scales it down for shapes a GPU cannot fill: partially filled
+(hardware.csv), ``sustained_compute`` the part of it a training job sustains; ``efficiency(shape)`` scales it down for shapes a GPU cannot fill: partially filled
 output tiles, a last wave of tiles that leaves SMs idle, and a K too short to amortise the tile's
 pipeline fill and epilogue. Attention is a GEMM-like flash kernel at a lower efficiency (unfused
 attention, ``model.attention: math`` in the workload, is traced as its own GEMMs, softmax and
@@ -84,7 +84,7 @@ def peak_tflops(hw: Hardware, dtype: str) -> float:
 
 def compute_efficiency(hw: Hardware, k: Kernel) -> float:
     """Fraction of peak the FLOPs of ``k`` run at, by op class and shape."""
-    best = hw.compute_model.matmul_efficiency
+    best = hw.compute_model.matmul_efficiency * hw.compute_model.sustained_compute
     sms = hw.compute_model.sm_count
     if k.op_class == "gemm":
         dims = gemm_dims(k.base, _shapes(k))

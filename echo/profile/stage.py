@@ -5,7 +5,16 @@ Three sources, one table (``source`` says which gave each row):
 - ``imported``: read from a PyTorch profiler (Kineto) Chrome trace of a real run of the workload
   (``kineto``), when one is given; kernels it does not cover fall through to the next two;
 - ``model``: a GPU target is modelled (``roofline``);
-- ``measured``: the local CPU (``kind: cpu``) is timed (``measure``), cached across workloads.
+- ``measured``: the local CPU (``kind: cpu``) is timed (``measure``), cached across workloads:
+  each kernel alone, scaled by how much slower its op class runs inside the loop (``inloop``:
+  the trace's tasks replayed in order).
+
+On a host-synchronous device (``Hardware.host_synchronous``: the local CPU, whose kernels run on
+the thread that dispatches them) host overheads add to the kernels: a kernel that the tracer
+found behind DTensor-level calls (``dtensor`` in the trace, part of its kernel key) gets that
+many times DTensor's dispatch time per call, measured here (``host``). GPU targets ignore it:
+their kernels run from a queue the host fills ahead of time, and Megatron-LM, which they stand
+for, runs tensor parallelism without DTensor.
 
 Only compute and memcpy ops are kernels here; collectives and p2p belong to the network model.
 Next to ``kernels.parquet`` the stage writes ``profile.json``: how many rows came from each
@@ -17,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,7 +44,11 @@ PROFILED_KINDS = ("compute", "memcpy")
 _FIELDS = ("name", "op_class", "kind", "shapes", "dtype", "flops", "bytes", "args")
 # Columns written besides the KERNELS contract: the roofline bound of modelled rows and the
 # thread count of measured ones (0 when modelled or imported).
-EXTRA = pa.schema([("kind", pa.string()), ("bound", pa.string()), ("threads", pa.int32())])
+# Measured rows also carry their isolated timing and in-loop factor; host_us is the host
+# overhead included in duration_us (dtensor: the DTensor-level calls it stands for).
+EXTRA = pa.schema([("kind", pa.string()), ("bound", pa.string()), ("threads", pa.int32()),
+                   ("isolated_us", pa.float64()), ("inloop_factor", pa.float64()), ("host_us", pa.float64()),
+                   ("dtensor", pa.int32())])
 NOTE = "profile.json"
 
 
@@ -68,8 +82,11 @@ def run_profile(hardware: Hardware, trace_dir: Path, out_path: Path, cache_dir: 
         from echo.profile.measure import measure_kernels  # imports torch; GPU targets need not
 
         stats: dict = {}
-        results.update(measure_kernels(todo, hardware, Path(cache_dir) if cache_dir else None, stats))
+        results.update(measure_kernels(todo, hardware, Path(cache_dir) if cache_dir else None, stats,
+                                       trace_dir=Path(trace_dir)))
         note["measure"] = stats
+    if hardware.host_synchronous:
+        results = add_host_overhead(kernels, results, Path(cache_dir) if cache_dir else None, note)
     table = kernels_table(kernels, results)
     write_parquet(table, out_path, KERNELS)
     note["sources"] = dict(Counter(results[k.kernel_key].source for k in kernels))
@@ -85,14 +102,42 @@ def distinct_kernels(ops: pa.Table) -> list[Kernel]:
     """One Kernel per distinct kernel_key of the compute/memcpy ops, with its occurrence count,
     in order of first appearance."""
     ops = ops.filter(pc.is_in(ops["kind"], pa.array(PROFILED_KINDS)))
-    ops = ops.select(["kernel_key", *_FIELDS])
+    ops = ops.select(["kernel_key", *_FIELDS, *(["dtensor"] if "dtensor" in ops.column_names else [])])
     first: dict[str, dict] = {}
     counts: dict[str, int] = {}
     for row in ops.to_pylist():
         key = row["kernel_key"]
         counts[key] = counts.get(key, 0) + 1
+        row["dtensor"] = row.get("dtensor") or 0  # traces from before the column, or rows without it
         first.setdefault(key, row)
     return [Kernel(**first[key], count=counts[key]) for key in first]
+
+
+def add_host_overhead(kernels: list[Kernel], results: dict[str, Result], cache_dir: Path | None,
+                      note: dict) -> dict[str, Result]:
+    """``results`` with DTensor's host overhead added to every kernel behind DTensor-level calls
+    (``Kernel.dtensor`` calls x the per-call time of ``echo.profile.host``, measured here or
+    cached), except imported ones (a real run's timings include whatever the host did). Records
+    the figure and its provenance in ``note["host"]``."""
+    flagged = [k for k in kernels if k.dtensor and results[k.kernel_key].source != "imported"]
+    if not flagged:
+        note["host"] = {"dtensor_calls": 0}
+        return results
+    from echo.profile.host import dtensor_call_us
+
+    measured = dtensor_call_us(cache_dir)
+    per_call = measured["dtensor_call_us"]
+    out = dict(results)
+    for k in flagged:
+        r = out[k.kernel_key]
+        host = k.dtensor * per_call
+        out[k.kernel_key] = replace(r, duration_us=r.duration_us + host, host_us=host)
+    calls = sum(k.count * k.dtensor for k in flagged)
+    note["host"] = {"dtensor_call_us": per_call, "dtensor_calls": calls, "kernels": len(flagged),
+                    "added_ms": calls * per_call / 1e3, "measurement": measured}
+    log.info("profile: DTensor dispatch %.1f us per call (%s) on %d kernels: +%.1f ms over the traced ops",
+             per_call, "cached" if measured.get("cached") else "measured now", len(flagged), calls * per_call / 1e3)
+    return out
 
 
 def model_kernels(kernels: list[Kernel], hardware: Hardware) -> dict[str, Result]:
@@ -119,6 +164,7 @@ def kernels_table(kernels: list[Kernel], results: dict[str, Result]) -> pa.Table
             flops=k.flops, bytes=k.bytes, duration_us=r.duration_us,
             achieved_tflops=roofline.executed_flops(k) * per_us / 1e6, achieved_GBps=k.bytes * per_us / 1e3,
             source=r.source, count=k.count, kind=k.kind, bound=r.bound, threads=r.threads,
+            isolated_us=r.isolated_us, inloop_factor=r.inloop_factor, host_us=r.host_us, dtensor=k.dtensor,
         ))
     schema = pa.schema(list(KERNELS) + list(EXTRA))
     return pa.Table.from_pylist(rows, schema=schema)

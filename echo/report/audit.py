@@ -65,6 +65,13 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("collectives", "calibrate/{topology}/collectives.parquet"),
     ViewSpec("summary", "simulate/{workload}/{hardware}/{topology}/summary.parquet"),
     ViewSpec("timeline", "simulate/{workload}/{hardware}/{topology}/timeline.parquet"),
+    ViewSpec("overlap_slowdown", "overlap/{hardware}/slowdown.parquet"),
+    ViewSpec("measured", "measure/{workload}/measured.parquet"),
+    ViewSpec("measured_phases", "measure/{workload}/phases.parquet"),
+    ViewSpec("compare", "validate/{workload}/{hardware}/{topology}/compare.parquet"),
+    ViewSpec("published", "validate/published.parquet"),
+    ViewSpec("sweep_layouts", "sweep/{sweep}/layouts.parquet"),
+    ViewSpec("sweep_ranking", "sweep/{sweep}/ranking.parquet"),
 )
 VIEW = {spec.name: spec for spec in VIEWS}
 BENCHMARKS = "benchmarks"

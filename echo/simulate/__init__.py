@@ -1,7 +1,8 @@
 """simulate: compose classes, the pipeline schedule, streams and collectives into one step.
 
 Two levels (DESIGN.md section 2): chunk.py turns a traced chunk's ops into task programs and
-replays them on a device (gpu.py: streams, overlap slowdown, link sharing); engine.py runs the
+replays them on a device (gpu.py: streams, overlap slowdown, link sharing), overlaps.py adds the
+overlaps the trace does not record (Megatron's grad-reduce / param-gather / TP-comm flags); engine.py runs the
 tasks through the schedule (schedule.py) across pipeline stages, one timeline per stage whatever
 the world size (symmetric mode); full.py runs every rank with collectives as rendezvous (full
 mode, for small jobs and to check symmetric mode). summary.py accounts for time, FLOPs and
@@ -18,9 +19,10 @@ import importlib
 
 _WHERE = {
     "chunk": ("MissingKernelError", "Op", "OpContext", "Program", "RankCosts", "TaskCost", "reduce_rank",
-              "simulate_ops", "with_buckets"),
+              "simulate_ops"),
     "engine": ("EngineOptions", "EngineResult", "Event", "StageTimes", "simulate"),
     "full": ("RankSpec", "Relabel", "simulate_full"),
+    "overlaps": ("with_buckets", "with_param_gather", "with_tp_overlap"),
     "gpu": ("Flow", "Gpu", "fair_share", "max_min_share", "no_sharing"),
     "schedule": ("SCHEDULES", "Task", "in_flight", "stage_orders"),
     "stage": ("run_simulate",),

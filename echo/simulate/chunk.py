@@ -25,7 +25,6 @@ rest of a task once the overlap is over.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -71,6 +70,8 @@ class Op:
     carry: bool = False    # a gradient bucket moved into the last backward: the task does not drain it
     latency_us: float = 0.0  # of duration_us, the part that uses no bandwidth (network model)
     loads: tuple[tuple[tuple, float], ...] = ()  # links it loads and how much (network model)
+    op_class: str = ""     # a compute op's class (gemm, attention, ...: ops.op_class)
+    slowed_us: float = 0.0  # of a compute op's duration_us, overlap slowdown already included (TP overlap)
 
     @cached_property
     def flow(self) -> Flow:
@@ -238,6 +239,8 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
             run.compute_us += end - t
             if end - t > dur:
                 run.slowdown_us += end - t - dur
+            if op.slowed_us:
+                run.slowdown_us += op.slowed_us
             t = end
         elif code == BLOCKING:
             if op.stream == "comm":
@@ -410,8 +413,9 @@ def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
         key = row["kernel_key"]
         if key not in ctx.kernels:
             raise MissingKernelError(key, f"rank {row['rank']} seq {row['seq']} {row['name']}")
+        op_class = row.get("op_class") or "other"
         return Op(row["seq"], kind, "compute", float(ctx.kernels[key]), flops=float(row["flops"] or 0.0),
-                  recompute=row["phase"] == "recompute", slowdown=ctx.s(row.get("op_class") or "other"))
+                  recompute=row["phase"] == "recompute", slowdown=ctx.s(op_class), op_class=op_class)
     if comm is None:
         raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
                          f"(comm_id {row['comm_id']})")
@@ -477,36 +481,3 @@ def slowest(costs: Sequence[RankCosts]) -> RankCosts:
     return RankCosts(forward=tuple(pick(c.forward[i] for c in costs) for i in range(n)),
                      backward=tuple(pick(c.backward[i] for c in costs) for i in range(n)),
                      grad_sync=pick(c.grad_sync for c in costs), optimizer=pick(c.optimizer for c in costs))
-
-
-def with_buckets(backward: Program, grad_sync: Program) -> tuple[Program, Program]:
-    """Megatron-LM's overlap_grad_reduce: the gradient buckets (grad_sync's non-blocking
-    collectives, recorded in backward order) move into the last backward, bucket i issued once
-    the backward has done the fraction of its compute work that its cumulative bytes are of all
-    buckets' bytes (a bucket is ready when its last gradient is). They are carried past the end of
-    the backward; grad_sync keeps its other ops and the wait for the buckets.
-    Returns (last backward, grad_sync)."""
-    buckets = [op for op in grad_sync.ops if op.code == ASYNC]
-    if not buckets:
-        return backward, grad_sync
-    rest = [op for op in grad_sync.ops if op.code != ASYNC]
-    weights = [max(op.nbytes, 1) for op in buckets]
-    total_b = float(sum(weights))
-    work = [op.duration_us if op.code == COMPUTE else 0.0 for op in backward.ops]
-    total_w = sum(work) or 1.0
-    out: list[Op] = []
-    done, cum_b, k = 0.0, 0.0, 0
-    thresholds = []
-    for w in weights:
-        cum_b += w
-        thresholds.append(cum_b / total_b)
-    last_compute = max((i for i, op in enumerate(backward.ops) if op.code == COMPUTE), default=-1)
-    for i, op in enumerate(backward.ops):
-        out.append(op)
-        done += work[i]
-        while k < len(buckets) and (i == last_compute or done / total_w >= thresholds[k] - 1e-12):
-            out.append(dataclasses.replace(buckets[k], carry=True))
-            k += 1
-    out.extend(dataclasses.replace(b, carry=True) for b in buckets[k:])
-    waits = {**backward.waits, **grad_sync.waits}
-    return Program(out, waits), Program(rest, waits)

@@ -16,7 +16,18 @@ Gradient reduction overlap (``EngineOptions.overlap_grad_reduce``, Megatron-LM's
 ``--overlap-grad-reduce``) is off by default, as the trace records it: grad_sync after the last
 backward, which is what Megatron-LM does without the flag (the default of its DDP config) and
 what the SC21 GPT-3 runs did (the reduction after the pipeline flush). On, the buckets move into
-the stage's last backward (``chunk.with_buckets``), issued as their gradients are ready.
+the stage's last backward (``overlaps.with_buckets``), issued as their gradients are ready.
+
+Two more overlaps the trace does not record, both off by default (``EngineOptions``; the
+workload's ``parallel`` keys of the same names):
+
+- ``overlap_param_gather`` (Megatron-LM's ``--overlap-param-gather``): the distributed
+  optimizer's parameter all-gathers leave the optimizer task and run, in steady state, beside the
+  next iteration's forward: issued at the start of each chunk's first forward task, each bucket
+  waited for where the forward reaches its layers (``overlaps.with_param_gather``).
+- ``tp_comm_overlap`` (Transformer Engine's userbuffers): each sequence-parallel all-gather /
+  reduce-scatter is pipelined in tp chunks with the GEMM that consumes / produces it
+  (``overlaps.with_tp_overlap``), in every forward and backward task.
 
 Every gap on a stage's compute stream is classified: waiting for a p2p transfer in flight is
 exposed pp communication, waiting for a collective is exposed communication of its kind, the
@@ -29,8 +40,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from echo.simulate.chunk import Program, RankCosts, Run, replay, with_buckets
+from echo.simulate.chunk import Program, RankCosts, Run, replay
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
+from echo.simulate.overlaps import with_buckets, with_overlaps, with_param_gather
 from echo.simulate.schedule import Task
 
 _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its virtual stage)
@@ -41,6 +53,8 @@ class EngineOptions:
     """Modelling choices of the schedule level (both modes)."""
 
     overlap_grad_reduce: bool = False   # see the module docstring
+    overlap_param_gather: bool = False  # see the module docstring
+    tp_comm_overlap: bool = False       # see the module docstring
     sharing: LinkSharing = max_min_share  # how overlapping transfers share links (gpu.py)
 
 
@@ -127,6 +141,37 @@ def bucket_programs(costs: RankCosts, last_chunk: int, overlap: bool) -> tuple[P
     return with_buckets(costs.backward[last_chunk], costs.grad_sync)
 
 
+@dataclass(frozen=True)
+class StagePrograms:
+    """What one stage (or rank) runs through its order, with the overlaps of the options applied."""
+
+    costs: RankCosts                 # per-chunk programs (TP overlap applied)
+    special: dict[int, Program]      # position in the order -> the program that task runs instead
+    last_b: Program                  # the last backward (gradient buckets carried out of it, if overlapped)
+    grad_sync: Program
+    optimizer: Program               # without the parameter all-gathers, if overlapped
+
+
+def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptions) -> StagePrograms:
+    """A stage's programs for ``order``: the last backward with the gradient buckets
+    (overlap_grad_reduce), the first forward of each chunk with the parameter all-gathers
+    (overlap_param_gather), every forward and backward with TP overlap (tp_comm_overlap)."""
+    costs = with_overlaps(costs, options.tp_comm_overlap)
+    last = max((i for i, t in enumerate(order) if t.kind == "B"), default=-1)
+    last_b, grad_sync = bucket_programs(costs, order[last].chunk if last >= 0 else 0, options.overlap_grad_reduce)
+    special: dict[int, Program] = {}
+    optimizer = costs.optimizer
+    if options.overlap_param_gather:
+        firsts, optimizer = with_param_gather(costs.forward, costs.optimizer)
+        for c, prog in enumerate(firsts):
+            i = next((i for i, t in enumerate(order) if t.kind == "F" and t.chunk == c), -1)
+            if i >= 0 and prog is not costs.forward[c]:
+                special[i] = prog
+    if last >= 0:
+        special[last] = last_b
+    return StagePrograms(costs, special, last_b, grad_sync, optimizer)
+
+
 def drain_of(grad_sync: Program, overlap: bool, buckets: Program) -> tuple[str, str] | None:
     """What grad_sync waits for at its end besides its own ops: the carried buckets."""
     carried = [op for op in buckets.ops if op.carry]
@@ -149,8 +194,11 @@ class _Pipeline:
         self.events: list[Event] = []
         self.flows = 0
         self.last_b = [max((i for i, t in enumerate(o) if t.kind == "B"), default=-1) for o in orders]
-        self.last_progs = [bucket_programs(c, o[i].chunk if i >= 0 else 0, options.overlap_grad_reduce)
-                           for c, o, i in zip(costs, orders, self.last_b, strict=True)]
+        staged = [stage_programs(c, o, options) for c, o in zip(costs, orders, strict=True)]
+        self.costs = [x.costs for x in staged]
+        self.special = [x.special for x in staged]
+        self.last_progs = [(x.last_b, x.grad_sync) for x in staged]
+        self.optimizers = [x.optimizer for x in staged]
         self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
 
     def needs(self, task: Task, k: int) -> _Key | None:
@@ -159,17 +207,18 @@ class _Pipeline:
             return None if k == 0 else ("F", task.microbatch, k - 1)
         return ("F", task.microbatch, k) if k == self.p * self.v - 1 else ("B", task.microbatch, k + 1)
 
-    def try_run(self, s: int, task: Task, last: bool) -> bool:
-        """Run ``task`` on stage s if its input has been produced; False if not yet."""
+    def try_run(self, s: int, task: Task, pos: int) -> bool:
+        """Run ``task`` (at ``pos`` in the stage's order) on stage s if its input has been
+        produced; False if not yet."""
         k = task.chunk * self.p + s
         need = self.needs(task, k)
         if need is not None and need not in self.arrivals:
             return False
         inputs = self.arrivals.pop(need) if need is not None else []
         led, gpu = self.ledgers[s], self.gpus[s]
-        if last:
-            prog = self.last_progs[s][0]
-        else:
+        last = pos == self.last_b[s]
+        prog = self.special[s].get(pos)
+        if prog is None:
             prog = (self.costs[s].forward if task.kind == "F" else self.costs[s].backward)[task.chunk]
         recvs = [(a, b) for a, b, _ in inputs]
         if inputs and prog.recvs == 0:  # input without a recv op in the trace: wait before the task
@@ -186,6 +235,10 @@ class _Pipeline:
         kind = "forward" if task.kind == "F" else "backward"
         label = task_label(task, self.v)
         self.events.append(Event(s, "compute", label, kind, task.microbatch, task.chunk, begin, run.end, flow=flow_in))
+        if task.kind == "F" and pos in self.special[s]:  # the parameter all-gathers it overlaps
+            for a, b, op in run.flows:
+                self.events.append(Event(s, "comm", f"param_gather {op.op} {op.comm_kind}", "collective",
+                                         task.microbatch, task.chunk, a, b))
         self._deliver(s, task, k, run, label)
         return True
 
@@ -214,7 +267,7 @@ class _Pipeline:
         led.add(run)
         for a, b, op in self.carried[s] + [f for f in run.flows if not f[2].carry]:
             self.events.append(Event(s, "comm", f"grad_sync {op.op} {op.comm_kind}", "collective", -1, -1, a, b))
-        opt = replay(self.costs[s].optimizer, gpu, led.free)
+        opt = replay(self.optimizers[s], gpu, led.free)
         led.add(opt)
         for a, b, op in opt.flows:
             self.events.append(Event(s, "comm", f"{op.op} {op.comm_kind}", "collective", -1, -1, a, b))
@@ -234,7 +287,7 @@ def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
     while progress:  # each pass runs every task whose input has arrived; orders fix the rest
         progress = False
         for s, order in enumerate(orders):
-            while pos[s] < len(order) and run.try_run(s, order[pos[s]], pos[s] == run.last_b[s]):
+            while pos[s] < len(order) and run.try_run(s, order[pos[s]], pos[s]):
                 pos[s] += 1
                 progress = True
     stuck = [(s, order[pos[s]]) for s, order in enumerate(orders) if pos[s] < len(order)]

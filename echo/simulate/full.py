@@ -32,8 +32,8 @@ from echo.simulate.engine import (
     Event,
     Ledger,
     StageTimes,
-    bucket_programs,
     drain_of,
+    stage_programs,
     task_label,
 )
 from echo.simulate.gpu import Gpu
@@ -137,11 +137,13 @@ class _Full:
         spec, gpu, led = self.ranks[r], self.gpus[r], self.ledgers[r]
         order = self.orders[spec.stage]
         last = max((i for i, t in enumerate(order) if t.kind == "B"), default=-1)
-        last_b, grad_sync = bucket_programs(spec.costs, order[last].chunk if last >= 0 else 0,
-                                            self.options.overlap_grad_reduce)
+        staged = stage_programs(spec.costs, order, self.options)
+        costs, last_b, grad_sync = staged.costs, staged.last_b, staged.grad_sync
         carried: list = []
         for i, task in enumerate(order):
-            prog = last_b if i == last else (spec.costs.forward if task.kind == "F" else spec.costs.backward)[task.chunk]
+            prog = staged.special.get(i)
+            if prog is None:
+                prog = (costs.forward if task.kind == "F" else costs.backward)[task.chunk]
             self.flow_in[r] = -1
             run = yield from replay_steps(prog, gpu, led.free)
             led.add(run)
@@ -151,25 +153,29 @@ class _Full:
             kind = "forward" if task.kind == "F" else "backward"
             self.events.append(Event(spec.stage, "compute", label, kind, task.microbatch, task.chunk, run.begin,
                                      run.end, rank=r, flow=self.flow_in[r]))
-            self._log_comm(r, spec.stage, run, label, task.microbatch, task.chunk)
+            gathers = task.kind == "F" and i in staged.special  # the parameter all-gathers it overlaps
+            self._log_comm(r, spec.stage, run, label, task.microbatch, task.chunk,
+                           flow_prefix="param_gather " if gathers else "")
         drain = drain_of(grad_sync, self.options.overlap_grad_reduce, last_b)
         run = yield from replay_steps(grad_sync, gpu, led.free, drain=drain)
         led.add(run)
         run.flows[:0] = carried
         self._log_comm(r, spec.stage, run, "grad_sync", -1, -1, prefix="grad_sync ")
-        opt = yield from replay_steps(spec.costs.optimizer, gpu, led.free)
+        opt = yield from replay_steps(staged.optimizer, gpu, led.free)
         led.add(opt)
         self._log_comm(r, spec.stage, opt, "optimizer", -1, -1)
         self.events.append(Event(spec.stage, "compute", "optimizer", "optimizer", -1, -1, run.end, opt.end, rank=r))
 
-    def _log_comm(self, r: int, stage: int, run, label: str, mb: int, chunk: int, prefix: str = "") -> None:
+    def _log_comm(self, r: int, stage: int, run, label: str, mb: int, chunk: int, prefix: str = "",
+                  flow_prefix: str = "") -> None:
         for a, b, op in run.sends:
             self.events.append(Event(stage, op.stream, f"send {label}", "send", mb, chunk, a, b, rank=r,
                                      flow=self.flow_of.get((r, id(op), a), -1)))
         flows = run.flows if prefix else [f for f in run.flows if not f[2].carry]
         for a, b, op in run.colls + flows:
+            name = f"{prefix or (flow_prefix if op.code == ASYNC else '')}{op.op} {op.comm_kind}"
             self.events.append(Event(stage, "comm" if op.code == ASYNC else "collective",
-                                     f"{prefix}{op.op} {op.comm_kind}", "collective", mb, chunk, a, b, rank=r,
+                                     name, "collective", mb, chunk, a, b, rank=r,
                                      flow=self.flow_of.get((r, id(op), a), -1)))
 
     def run(self) -> None:

@@ -182,8 +182,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     ``echo.network.NetworkModel`` in ``calib_dir/network.json``. ``overlap``: the overlap
     slowdown (a ``Slowdown``, or the overlap rule's parquet); default: ``slowdown_table(hardware)``.
     ``mode``: symmetric | full. ``overlap_grad_reduce``: gradient buckets overlap the last
-    backward; None: as the workload's ``parallel.overlap_grad_reduce`` says, if it has that key,
-    else off (engine.py). ``options`` (all engine choices) overrides it. ``compute_scale`` (full
+    backward; None: as the workload's ``parallel.overlap_grad_reduce`` says (engine.py). The
+    other overlaps (``parallel.overlap_param_gather``, ``parallel.tp_comm_overlap``) are the
+    workload's. ``options`` (all engine choices) overrides all three. ``compute_scale`` (full
     mode): rank -> factor on its kernel times (a straggler)."""
     t0 = time.perf_counter()
     if mode not in MODES:
@@ -198,11 +199,13 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         from echo.network import NetworkModel  # the calibrate stage's model
         network = NetworkModel.load(Path(calib_dir) / "network.json")
     slow = overlap if isinstance(overlap, Slowdown) else slowdown_table(hardware, overlap)
-    if overlap_grad_reduce is None:
-        overlap_grad_reduce = bool(getattr(workload.parallel, "overlap_grad_reduce", False))
-    options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce)
-    ctx = OpContext(load_kernels(Path(kernels_path)), CommTimer(network), slow, topology.gpus_per_node)
     par = workload.parallel
+    if overlap_grad_reduce is None:
+        overlap_grad_reduce = par.overlap_grad_reduce
+    options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce,
+                                       overlap_param_gather=par.overlap_param_gather,
+                                       tp_comm_overlap=par.tp_comm_overlap)
+    ctx = OpContext(load_kernels(Path(kernels_path)), CommTimer(network), slow, topology.gpus_per_node)
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
     orders = stage_orders(par.schedule, par.pp, workload.micro_batches, par.virtual_stages)
     mesh, cols = read_mesh(Path(rank_classes_path))
@@ -226,7 +229,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     summary = summary_table(workload=workload, hardware=hardware, topology=topology, classes=classes,
                             orders=orders, result=result, sim_wall_s=time.perf_counter() - t0,
                             extra={"overlap_source": slow.source,
-                                   "overlap_grad_reduce": options.overlap_grad_reduce})
+                                   "overlap_grad_reduce": options.overlap_grad_reduce,
+                                   "overlap_param_gather": options.overlap_param_gather,
+                                   "tp_comm_overlap": options.tp_comm_overlap})
     write_parquet(summary, out_dir / "summary.parquet", SUMMARY)
     log.info("simulated %s on %s/%s (%s mode): step %.3f s, %d events, %.2f s wall", workload.name, hardware.name,
              topology.name, result.mode, result.step_us / 1e6, len(result.events), summary["sim_wall_s"][0].as_py())

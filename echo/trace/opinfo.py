@@ -7,11 +7,12 @@ twice that backward. Everything else is memory-bound and costed by its bytes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 
 import torch
+
+from echo.trace import hashing
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
 _CLASS_BY_NAME = {
@@ -129,9 +130,9 @@ def _encode(x):
     return {"S": str(x)}
 
 
-def kernel_key(name: str, args_json: str) -> str:
-    """Stable id of (op, shapes, dtype, flags)."""
-    return hashlib.sha1(f"{name}|{args_json}".encode()).hexdigest()[:16]
+def kernel_key(name: str, args_json: str, flags: str = "") -> str:
+    """Stable id of (op, shapes, dtype, flags) (echo.trace.hashing.kernel_key)."""
+    return hashing.kernel_key(name, args_json, flags)
 
 
 def shapes_of(args) -> str:

@@ -4,6 +4,14 @@ The recorder is a FakeTensorMode (so it also sees higher-order ops, TRACING-NOTE
 only what a GPU would launch: top-level calls (not the decompositions fake tensors run inside
 one op), on local tensors (not the DTensor wrapper call), outside DTensor's sharding propagation
 (which re-runs ops at global shapes just to learn output shapes), and not views or allocations.
+
+The mode does see each DTensor-level call (an op on DTensor arguments) before the DTensor
+subclass runs it as local ops, which come back through the mode and are recorded. Those calls
+are counted: each recorded compute or memcpy op carries in ``dtensor`` the DTensor-level calls
+since the previous kernel of its task (its own, and views, transposes and detaches that launch
+no kernel; calls left at the end of a phase go to its last kernel), and the count is part of
+its kernel key. Where the host's time adds to the step (the local CPU device), the profile
+stage charges each such call DTensor's dispatch time (echo.profile.host).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 from echo.artifacts import COMMS, DEPS, OPS
 from echo.trace import opinfo
+from echo.trace.hashing import dtensor_flags
 
 _FUNCTIONAL = {  # _c10d_functional op -> (collective, index of the group name argument)
     "all_reduce": ("all_reduce", 2), "all_reduce_": ("all_reduce", 2),
@@ -88,6 +97,9 @@ class Recorder(FakeTensorMode):
         self._producer: dict[int, tuple[weakref.ref, int]] = {}
         self._depth = 0
         self._muted = 0
+        self._dtensor_calls = 0  # DTensor-level calls not yet attributed to a recorded kernel ...
+        self._dtensor_task: tuple[str, int] | None = None  # ... made in this (phase, chunk)
+        self._last_kernel: dict[tuple[str, int], int] = {}  # (phase, chunk) -> its last kernel's row
 
     # -- driver controls ----------------------------------------------------------------
     @contextmanager
@@ -115,8 +127,15 @@ class Recorder(FakeTensorMode):
     # -- dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        record = (self._depth == 0 and not self._muted and not _SHARDING_PROP_DEPTH[0]
-                  and not any(issubclass(t, DTensor) for t in types))
+        top = self._depth == 0 and not self._muted and not _SHARDING_PROP_DEPTH[0]
+        on_dtensor = any(issubclass(t, DTensor) for t in types)
+        if top and on_dtensor:  # the subclass runs it next, as local ops recorded below
+            task = (self.ctx.phase, self.ctx.chunk)
+            if self._dtensor_calls and self._dtensor_task != task:
+                self._settle_dtensor_calls()
+            self._dtensor_calls += 1
+            self._dtensor_task = task
+        record = top and not on_dtensor
         self._depth += 1
         try:
             out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -150,11 +169,19 @@ class Recorder(FakeTensorMode):
         seq = len(self.ops["seq"])
         args_json = opinfo.encode_args(args, kwargs)
         name = str(func)
+        dtensor = 0
+        task = (self.ctx.phase, self.ctx.chunk)
+        if kind in ("compute", "memcpy"):  # a kernel: it carries the DTensor calls before it in its task
+            if self._dtensor_calls and self._dtensor_task != task:
+                self._settle_dtensor_calls()
+            dtensor, self._dtensor_calls = self._dtensor_calls, 0
+            self._last_kernel[task] = seq
         row = dict(rank=self.rank, seq=seq, name=name, op_class=op_class or opinfo.op_class(func), kind=kind,
                    phase=self.ctx.phase, chunk=self.ctx.chunk, microbatch=-1, stream=stream,
                    shapes=opinfo.shapes_of(args), args=args_json, dtype=opinfo.dtype_of(args),
                    flops=opinfo.matmul_flops(func, args), bytes=opinfo.moved_bytes(func, args, kwargs, out),
-                   kernel_key=opinfo.kernel_key(name, args_json), comm_id=comm_id)
+                   kernel_key=opinfo.kernel_key(name, args_json, dtensor_flags(dtensor)), comm_id=comm_id,
+                   dtensor=dtensor)
         for k, v in row.items():
             self.ops[k].append(v)
         for t in opinfo._tensors(list(args) + list(kwargs.values())):
@@ -222,7 +249,20 @@ class Recorder(FakeTensorMode):
         self.deps["dst"].append(dst)
         self.deps["kind"].append(kind)
 
+    def _settle_dtensor_calls(self) -> None:
+        """Charge DTensor calls left at the end of their task (no kernel followed them there) to
+        that task's last kernel, rather than to a kernel of another phase."""
+        seq = self._last_kernel.get(self._dtensor_task)
+        if seq is not None:
+            n = self.ops["dtensor"][seq] + self._dtensor_calls
+            self.ops["dtensor"][seq] = n
+            self.ops["kernel_key"][seq] = opinfo.kernel_key(self.ops["name"][seq], self.ops["args"][seq],
+                                                            dtensor_flags(n))
+            self._dtensor_calls = 0
+
     # -- results ----------------------------------------------------------------------------
     def tables(self) -> dict[str, pa.Table]:
+        if self._dtensor_calls:
+            self._settle_dtensor_calls()
         return {"ops": pa.table(self.ops, schema=OPS), "comms": pa.table(self.comms, schema=COMMS),
                 "deps": pa.table(self.deps, schema=DEPS)}

@@ -42,7 +42,8 @@ def check_traceable(w: Workload) -> None:
 
 def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None = None) -> dict[str, pa.Table]:
     """Trace ``ranks`` in parallel worker processes; return the concatenated tables."""
-    jobs = jobs or max(1, min(len(ranks), os.cpu_count() or 1))
+    # the cores this process may run on (a SLURM job's allocation), not the machine's count
+    jobs = jobs or max(1, min(len(ranks), len(os.sched_getaffinity(0))))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".trace-", dir=out_dir) as tmp:
         spec = Path(tmp) / "workload.json"

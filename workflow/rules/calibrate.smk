@@ -25,6 +25,7 @@ rule calibrate:
         plot="results/calibrate/{topology}/busbw.png",
     params:
         topology=topology_params,
+        priority=calibrate_priority,
         code=code_version("calibrate"),
     threads: calibrate_threads
     log:

@@ -12,7 +12,7 @@ rule dedup:
     output:
         rank_classes="results/dedup/{workload}/rank_classes.parquet",
     params:
-        workload=workload_params,
+        workload=trace_workload_params,
         code=code_version("dedup"),
     log:
         "logs/dedup/{workload}.log",

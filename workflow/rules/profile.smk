@@ -1,6 +1,8 @@
 # profile: how long does each distinct kernel of the workload take on {hardware}? Measured on
 # this machine for a cpu hardware file (timings cached across workloads in PROFILE_CACHE, so a
-# workload times only kernels no earlier one had), modelled (roofline + calibrated efficiency)
+# workload times only kernels no earlier one had; scaled to in-loop time by replaying the
+# trace's tasks in order; DTensor's dispatch time added per call on a host_synchronous device,
+# measured once per CPU and cached there too), modelled (roofline + calibrated efficiency)
 # for a GPU. A PyTorch profiler (Kineto) Chrome trace of a real run of the workload on that
 # hardware, dropped at imports/kineto/{workload}/{hardware}.json (or .json.gz), fills the
 # kernels it covers (source = imported); profile.json counts what it could not match.

@@ -12,7 +12,7 @@ rule trace:
         ranks="results/trace/{workload}/ranks.parquet",
         schedule="results/trace/{workload}/schedule.parquet",
     params:
-        workload=workload_params,
+        workload=trace_workload_params,
         code=code_version("trace"),
     log:
         "logs/trace/{workload}.log",

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -24,6 +26,36 @@ if (ROOT / "echo" / "__init__.py").is_file() and str(ROOT) not in sys.path:
 # The terminal's stdout while a stage runs (fd 1 then points at the log): for what a rule
 # prints on purpose, like the report's table.
 terminal_out = sys.stdout
+
+
+# A stage that runs longer than this shows progress on the terminal (for SLURM jobs: in the job's
+# log): the time so far and the latest line of the rule's log (traced ranks, kernels timed, ...).
+PROGRESS_EVERY_S = float(os.environ.get("ECHO_PROGRESS_S", "20"))
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    if not lines:
+        return ""
+    # without the logging prefix ("2026-01-01 10:00:00,000 INFO echo.trace.runner: ")
+    return re.sub(r"^\d{4}-\d\d-\d\d [\d:,]+ [A-Z]+ [\w.]+: ", "", lines[-1])[-160:]
+
+
+def _progress(label: str, log_path: Path, out, done: threading.Event) -> None:
+    """Every PROGRESS_EVERY_S while the stage runs: elapsed time and what the log said last
+    (repeated at most once a minute when nothing new was logged)."""
+    start = last_print = time.monotonic()
+    last = None
+    while not done.wait(PROGRESS_EVERY_S):
+        line, now = _last_line(log_path), time.monotonic()
+        if line != last or now - last_print >= 60:
+            print(f"echo: {label}: {now - start:.0f} s: {line or 'running'}", file=out, flush=True)
+            last, last_print = line, now
 
 
 def run(snakemake, stage: Callable[[], object]) -> None:
@@ -50,6 +82,10 @@ def run(snakemake, stage: Callable[[], object]) -> None:
         logger = logging.getLogger(f"echo.rule.{snakemake.rule}")
         logger.info("rule %s, wildcards %s, threads %s", snakemake.rule, dict(snakemake.wildcards), snakemake.threads)
         start = time.perf_counter()
+        done = threading.Event()
+        label = " ".join([snakemake.rule, *map(str, dict(snakemake.wildcards).values())])
+        if PROGRESS_EVERY_S > 0:
+            threading.Thread(target=_progress, args=(label, log_path, terminal, done), daemon=True).start()
         try:
             stage()
         except BaseException as exc:
@@ -58,6 +94,8 @@ def run(snakemake, stage: Callable[[], object]) -> None:
             print(f"echo: rule {snakemake.rule} {dict(snakemake.wildcards)} failed: "
                   f"{type(exc).__name__}: {exc}\n  (traceback in {log_path})", file=terminal, flush=True)
             raise SystemExit(1) from None
+        finally:
+            done.set()
         logger.info("done in %.2f s", time.perf_counter() - start)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -12,7 +12,8 @@ def main() -> None:
     from echo.network import run_calibrate
 
     topology = Topology.model_validate(sm.params.topology)
-    run_calibrate(topology, Path(sm.output.collectives).parent, logs=list(sm.input.logs))
+    run_calibrate(topology, Path(sm.output.collectives).parent, logs=list(sm.input.logs),
+                  priority=sm.params.priority)
 
 
 _stage.run(sm, main)

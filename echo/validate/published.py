@@ -1,0 +1,352 @@
+"""Published cluster measurements as Echo workloads, and the predictions next to them.
+
+Two tables of ``shared/reference`` (see its README for the sources):
+
+- ``megatron_sc21_table1_a100.csv``: Narayanan et al., SC21, Table 1. GPT 1.7B-1T on DGX A100
+  80GB with HDR InfiniBand (``a100-sxm-80gb`` / ``dgx-a100-hdr``).
+- ``megatron_core_h100.csv``: the Megatron-LM README's Megatron-Core r0.8.0 table. GPT 1.7B-462B
+  on H100 (``h100-sxm-80gb`` / ``dgx-h100-ndr``).
+
+Each row becomes ``config/workloads/{name}.yaml`` (``write_workloads``; the files are committed and
+a test checks they match this module). What a row states is copied; what it leaves unstated
+takes the default below, and the file says which is which (``ROW_DEFAULTS``).
+
+The measured step time of a row is derived from its ``tflops_per_gpu``, with the FLOP count of the
+source's own formula: SC21's eq. 3, ``96 B s l h^2 (1 + s/6h + V/16lh)`` (recomputation
+included); Megatron-LM's ``num_floating_point_operations`` for Megatron-Core,
+``72 B s l h^2 (1 + s/6h + V/12lh)`` for GPT (no recomputation) - step = FLOPs / (gpus x tflops).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import yaml
+
+from echo.config.loader import parse_workload
+from echo.io import atomic_path, write_parquet
+
+REFERENCE_DIR = Path(__file__).resolve().parents[3] / "shared" / "reference"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One published table and where it ran."""
+
+    key: str          # workload name prefix
+    file: str
+    hardware: str
+    topology: str
+    citation: str
+
+
+SC21 = Source("sc21", "megatron_sc21_table1_a100.csv", "a100-sxm-80gb", "dgx-a100-hdr",
+              "Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using "
+              "Megatron-LM, SC21, Table 1")
+MCORE = Source("mcore-h100", "megatron_core_h100.csv", "h100-sxm-80gb", "dgx-h100-ndr",
+               "NVIDIA Megatron-LM README, performance section (Megatron-Core r0.8.0)")
+SOURCES = (SC21, MCORE)
+
+# What each source states about its runs beyond the table's columns, and the defaults chosen for
+# what it does not state (written into every generated file).
+ROW_DEFAULTS = {
+    "sc21": {
+        "stated": "GPT, seq 2048, vocab 51200, interleaved 1F1B schedule (pp > 1), activation "
+                  "recomputation, mixed precision; tp, pp, dp, global batch from the row",
+        "chosen": "micro_batch 1 (not stated); virtual stages (not stated): the fewest chunks above "
+                  "one that split a pipeline rank's layers evenly (2 when even); recompute: full "
+                  "(the paper's FLOP formula counts one extra forward); dtype fp16 (SC21's mixed "
+                  "precision); zero 0 (no distributed optimizer in SC21); no sequence parallelism (later work); "
+                  "attention: math (Megatron-LM of 2021 ran QK^T, softmax, dropout and PV as separate kernels; "
+                  "fused flash attention came later); dropout 0.1 (Megatron-LM's default for attention and "
+                  "hidden states); no overlap flags (Megatron-LM of 2021 reduced gradients after the pipeline "
+                  "flush and had neither the distributed optimizer's parameter all-gather nor TP-comm overlap)",
+    },
+    "mcore-h100": {
+        "stated": "GPT, seq 4096, vocab 131072, grad-reduce / param-gather / TP-comm / PP overlap; "
+                  "tp, pp, dp, global batch from the row",
+        "chosen": "micro_batch 1 (not stated); dtype bf16 (989 TFLOP/s peak implied); recompute none "
+                  "(tflops_per_gpu / peak = mfu, so no recompute FLOPs); zero 1 (param-gather overlap "
+                  "needs the distributed optimizer); sequence_parallel when tp > 1 (Megatron's TP-comm "
+                  "overlap needs it); interleaved schedule when pp > 1 (Megatron overlaps PP "
+                  "communication in its interleaved schedule) with the SC21 rule for virtual stages; attention: "
+                  "flash (Megatron-Core's fused attention); dropout 0: its attention dropout runs inside the "
+                  "fused kernel, which the trace cannot express (scaled_dot_product_attention with dropout "
+                  "decomposes into s x s kernels on the tracing CPU), and hidden dropout costs a few percent; "
+                  "the stated overlaps as overlap_grad_reduce, overlap_param_gather and (where tp > 1, as "
+                  "there is no TP communication otherwise) tp_comm_overlap",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published measurement, mapped onto an Echo workload."""
+
+    source: Source
+    label: str                # the row's model size as printed, e.g. "145.6B"
+    workload: dict            # the YAML content of the generated workload file
+    gpus: int
+    tflops_per_gpu: float
+    measured_step_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.source.key}-gpt-{self.label.lower()}"
+
+    @property
+    def hardware(self) -> str:
+        return self.source.hardware
+
+    @property
+    def topology(self) -> str:
+        return self.source.topology
+
+
+def virtual_stages(layers: int, pp: int) -> int:
+    """Chunks per pipeline rank when the source does not say: the fewest chunks above one that
+    split a stage's layers evenly (2 when its layer count is even; one layer per chunk when it
+    is prime), and 1 without pipelining."""
+    if pp == 1:
+        return 1
+    per_stage = layers // pp
+    return next(d for d in range(2, per_stage + 1) if per_stage % d == 0) if per_stage > 1 else 1
+
+
+def sc21_flops(b: int, s: int, layers: int, h: int, vocab: int) -> float:
+    """SC21 eq. 3: FLOPs of one iteration with activation recomputation."""
+    return 96 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+
+
+def megatron_flops(b: int, s: int, layers: int, h: int, vocab: int) -> float:
+    """Megatron-LM's num_floating_point_operations for a GPT (MHA, 4h MLP), no recomputation."""
+    return 12 * b * s * layers * h * h * (6 + s / h + vocab / (2 * layers * h))
+
+
+def _read(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _parallel(tp: int, pp: int, dp: int, layers: int, layout: dict, overlaps: dict) -> dict:
+    """The parallel section: the row's degrees, ``layout`` keys, the schedule, then the overlap
+    flags that are on (they change the simulation only)."""
+    par = {"tp": tp, "pp": pp, "dp": dp, **layout}
+    v = virtual_stages(layers, pp)
+    par["schedule"] = "interleaved" if pp > 1 else "1f1b"
+    if v > 1:
+        par["virtual_stages"] = v
+    par.update({k: True for k, on in overlaps.items() if on})
+    return par
+
+
+# Per source: how a row's label is printed, its FLOP formula (for the measured step time), and
+# what its workload file holds beyond the row's columns (ROW_DEFAULTS says the same in words).
+# layout / overlaps: functions of (tp, dp).
+_ROW_SPEC = {
+    "sc21": dict(label=lambda r: f"{float(r['params_B']):g}B", flops=sc21_flops,
+                 model={"attention": "math", "dropout": 0.1},
+                 layout=lambda tp, dp: {"zero": 0}, overlaps=lambda tp, dp: {},
+                 training={"dtype": "fp16", "recompute": "full"}),
+    "mcore-h100": dict(label=lambda r: r["model"], flops=megatron_flops,
+                       model={"attention": "flash", "dropout": 0.0},
+                       layout=lambda tp, dp: {"zero": 1, "sequence_parallel": tp > 1},
+                       overlaps=lambda tp, dp: {"overlap_grad_reduce": dp > 1, "overlap_param_gather": dp > 1,
+                                                "tp_comm_overlap": tp > 1},
+                       training={"dtype": "bf16", "recompute": "none"}),
+}
+
+
+def source_rows(src: Source, reference_dir: Path = REFERENCE_DIR) -> list[Row]:
+    """The rows of one published table as workloads (``_ROW_SPEC`` and ``ROW_DEFAULTS``)."""
+    spec = _ROW_SPEC[src.key]
+    out = []
+    for r in _read(Path(reference_dir) / src.file):
+        h, layers, heads = int(r["hidden"]), int(r["layers"]), int(r["heads"])
+        tp, pp, dp, batch = int(r["tp"]), int(r["pp"]), int(r["dp"]), int(r["global_batch"])
+        s, vocab, gpus, tflops = int(r["seq_len"]), int(r["vocab"]), int(r["gpus"]), float(r["tflops_per_gpu"])
+        label = spec["label"](r)
+        w = {"description": _description(src, label),
+             "model": {"arch": "gpt", "layers": layers, "hidden": h, "heads": heads, "vocab": vocab, "seq_len": s,
+                       **spec["model"]},
+             "parallel": _parallel(tp, pp, dp, layers, spec["layout"](tp, dp), spec["overlaps"](tp, dp)),
+             "training": {"global_batch": batch, "micro_batch": 1, **spec["training"]}}
+        step = spec["flops"](batch, s, layers, h, vocab) / (gpus * tflops * 1e12)
+        out.append(Row(src, label, w, gpus, tflops, step))
+    return out
+
+
+def published_rows(reference_dir: Path = REFERENCE_DIR) -> list[Row]:
+    return [row for src in SOURCES for row in source_rows(src, reference_dir)]
+
+
+def _description(src: Source, label: str) -> str:
+    return f"{label} GPT of {src.citation}; generated by echo.validate.published from shared/reference/{src.file}"
+
+
+def workload_yaml(row: Row) -> str:
+    """The generated workload file: a header saying what the source states and what was chosen."""
+    d = ROW_DEFAULTS[row.source.key]
+    header = [
+        f"# Generated by `python -m echo.validate.published` from shared/reference/{row.source.file}; do not edit.",
+        f"# Published: {row.tflops_per_gpu:g} TFLOP/s per GPU on {row.gpus} GPUs "
+        f"-> {row.measured_step_s:.3f} s per iteration ({row.hardware}, {row.topology}).",
+        f"# Stated by the source: {d['stated']}.",
+        f"# Chosen where the source is silent: {d['chosen']}.",
+    ]
+    body = yaml.safe_dump(row.workload, sort_keys=False, default_flow_style=None, width=200)
+    return "\n".join(_wrap(header)) + "\n" + body
+
+
+def _wrap(lines: Iterable[str], width: int = 110) -> list[str]:
+    out = []
+    for line in lines:
+        words, cur = line[2:].split(), "#"
+        for w in words:
+            if len(cur) + 1 + len(w) > width:
+                out.append(cur)
+                cur = "#  "
+            cur += " " + w
+        out.append(cur)
+    return out
+
+
+def write_workloads(config_dir: Path, reference_dir: Path = REFERENCE_DIR) -> list[Path]:
+    """Write (atomically) one workload file per published row into ``config_dir/workloads``,
+    each validated like any workload file first."""
+    paths = []
+    for row in published_rows(reference_dir):
+        path = Path(config_dir) / "workloads" / f"{row.name}.yaml"
+        text = workload_yaml(row)
+        parse_workload(yaml.safe_load(text), path)  # refuses a contradiction before writing
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
+        paths.append(path)
+    return paths
+
+
+# --- predictions next to measurements --------------------------------------------------------
+
+PUBLISHED = pa.schema([
+    ("table", pa.string()),                    # sc21 | mcore-h100
+    ("row", pa.string()),                      # the row's model size as printed
+    ("workload", pa.string()),
+    ("hardware", pa.string()),
+    ("topology", pa.string()),
+    ("gpus", pa.int32()),
+    ("predicted_step_time_s", pa.float64()),
+    ("measured_step_time_s", pa.float64()),    # derived from the published tflops_per_gpu
+    ("error", pa.float64()),                   # predicted / measured - 1
+    ("predicted_tflops_per_gpu", pa.float64()),
+    ("measured_tflops_per_gpu", pa.float64()),
+    ("compute_s", pa.float64()),
+    ("exposed_comm_s", pa.float64()),
+    ("exposed_tp_s", pa.float64()),
+    ("exposed_dp_s", pa.float64()),
+    ("exposed_pp_s", pa.float64()),
+    ("bubble_s", pa.float64()),
+    ("fits", pa.bool_()),
+    ("peak_mem_gib", pa.float64()),
+])
+
+
+def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
+    """One line per row whose workload was simulated (``summaries``: workload name -> summary row)."""
+    out = []
+    for row in rows:
+        s = summaries.get(row.name)
+        if s is None:
+            continue
+        pred = s["step_time_s"]
+        out.append({
+            "table": row.source.key, "row": row.label, "workload": row.name, "hardware": row.hardware,
+            "topology": row.topology, "gpus": row.gpus, "predicted_step_time_s": pred,
+            "measured_step_time_s": row.measured_step_s, "error": pred / row.measured_step_s - 1,
+            "predicted_tflops_per_gpu": row.tflops_per_gpu * row.measured_step_s / pred,
+            "measured_tflops_per_gpu": row.tflops_per_gpu,
+            **{k: s.get(k) for k in ("compute_s", "exposed_comm_s", "exposed_tp_s", "exposed_dp_s", "exposed_pp_s",
+                                     "bubble_s", "fits", "peak_mem_gib")},
+        })
+    return pa.Table.from_pylist(out, schema=PUBLISHED)
+
+
+def table_errors(table: pa.Table) -> dict[str, dict]:
+    """Per source table: rows, mean absolute error, and the worst row."""
+    out: dict[str, dict] = {}
+    for r in table.to_pylist():
+        t = out.setdefault(r["table"], {"rows": 0, "abs": [], "worst": None})
+        t["rows"] += 1
+        t["abs"].append(abs(r["error"]))
+        if t["worst"] is None or abs(r["error"]) > abs(t["worst"]["error"]):
+            t["worst"] = r
+    for t in out.values():
+        t["mean_abs_error"] = sum(t.pop("abs")) / t["rows"]
+    return out
+
+
+def plot_published(table: pa.Table, path: Path) -> None:
+    """Predicted vs measured step time, one marker per row, log-log, with the +-15% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = table.to_pylist()
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    values = [v for r in rows for v in (r["predicted_step_time_s"], r["measured_step_time_s"])] or [1.0]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    grid = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+    ax.plot(grid, grid, color="black", lw=1, label="predicted = measured")
+    ax.fill_between(grid, [g * 0.85 for g in grid], [g * 1.15 for g in grid], color="0.85", label="+-15%")
+    for key, marker, color in (("sc21", "o", "tab:blue"), ("mcore-h100", "s", "tab:orange")):
+        pts = [r for r in rows if r["table"] == key]
+        if not pts:
+            continue
+        mae = sum(abs(r["error"]) for r in pts) / len(pts)
+        ax.scatter([r["measured_step_time_s"] for r in pts], [r["predicted_step_time_s"] for r in pts],
+                   marker=marker, color=color, label=f"{key} (mean |error| {mae:.0%})", zorder=3)
+        for r in pts:
+            ax.annotate(r["row"], (r["measured_step_time_s"], r["predicted_step_time_s"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured step time (s, from published TFLOP/s per GPU)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title("Echo vs published Megatron-LM measurements")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
+    plt.close(fig)
+
+
+def run_validate(rows: list[Row], summary_paths: dict[str, Path], out_path: Path, plot_path: Path) -> pa.Table:
+    """published.parquet and its plot from the simulated summaries of the rows' workloads."""
+    import pyarrow.parquet as pq
+
+    summaries = {name: pq.read_table(p).to_pylist()[0] for name, p in summary_paths.items()}
+    table = published_table(rows, summaries)
+    write_parquet(table, out_path, PUBLISHED)
+    plot_published(table, plot_path)
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m echo.validate.published [CONFIG_DIR] [REFERENCE_DIR]``: (re)write the workload files."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    config_dir = Path(args[0]) if args else Path(__file__).resolve().parents[2] / "config"
+    reference = Path(args[1]) if len(args) > 1 else REFERENCE_DIR
+    for p in write_workloads(config_dir, reference):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The tables of errors: local layouts (real runs on this machine) and published measurements.
+
+``run_local`` gathers the compare stage's tables into ``results/validate/local.parquet`` (LOCAL,
+one row per workload, with the columns the report's predicted-vs-measured plot reads);
+``run_errors`` writes the Markdown the README shows (``results/validate/errors.md``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from echo.io import atomic_path, write_parquet
+from echo.validate.published import table_errors
+
+LOCAL = pa.schema([
+    ("workload", pa.string()),
+    ("hardware", pa.string()),
+    ("topology", pa.string()),
+    ("world_size", pa.int32()),
+    ("oversubscribed", pa.bool_()),              # more ranks than cores
+    ("predicted_step_time_s", pa.float64()),
+    ("measured_step_time_s", pa.float64()),      # median of the samples
+    ("error", pa.float64()),                     # predicted / measured - 1
+    ("samples", pa.int32()),
+    ("sample_spread", pa.float64()),             # (max - min) / median of the samples
+    ("foreign_cores", pa.float64()),             # median cores other processes used meanwhile
+    ("scheduling", pa.string()),
+    ("kernels_error", pa.float64()),             # simulated compute vs profiled operator time
+    ("tp_comm_error", pa.float64()),             # exposed TP communication vs profiled collectives
+    ("largest_gap", pa.string()),                # the stage item with the largest absolute gap
+])
+
+
+def local_row(compare: pa.Table, measured: pa.Table) -> dict:
+    rows = compare.to_pylist()
+    step = next(r for r in rows if r["item"] == "step_time")
+    by_item = {r["item"]: r for r in rows if r["stage"] == -1}
+    stage_rows = [r for r in rows if r["stage"] >= 0 and r["predicted_s"] is not None and r["measured_s"] is not None]
+    gap = max(stage_rows, key=lambda r: abs(r["predicted_s"] - r["measured_s"]), default=None)
+    samples = measured["step_time_s"].to_pylist()
+    med = measured["median_step_time_s"][0].as_py()
+    foreign = [x for x in measured["foreign_cores"].to_pylist() if x is not None]
+    return {
+        "workload": step["workload"], "hardware": step["hardware"], "topology": step["topology"],
+        "world_size": measured["world_size"][0].as_py(), "oversubscribed": measured["oversubscribed"][0].as_py(),
+        "predicted_step_time_s": step["predicted_s"], "measured_step_time_s": step["measured_s"],
+        "error": step["error"], "samples": len(samples), "sample_spread": (max(samples) - min(samples)) / med,
+        "foreign_cores": statistics.median(foreign) if foreign else None,
+        "scheduling": measured["scheduling"][0].as_py(),
+        "kernels_error": by_item.get("kernels", {}).get("error"), "tp_comm_error": by_item.get("tp_comm", {}).get("error"),
+        "largest_gap": (f"{gap['item']} stage {gap['stage']}: {gap['predicted_s'] * 1e3:.1f} vs "
+                        f"{gap['measured_s'] * 1e3:.1f} ms") if gap else "",
+    }
+
+
+def run_local(compare_paths: list[Path], measured_paths: list[Path], out_path: Path) -> pa.Table:
+    measured = {pq.read_table(p)["workload"][0].as_py(): pq.read_table(p) for p in measured_paths}
+    rows = []
+    for path in compare_paths:
+        compare = pq.read_table(path)
+        rows.append(local_row(compare, measured[compare["workload"][0].as_py()]))
+    table = pa.Table.from_pylist(rows, schema=LOCAL)
+    write_parquet(table, out_path, LOCAL)
+    return table
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:+.1%}"
+
+
+def local_markdown(table: pa.Table) -> str:
+    lines = ["| workload | ranks | predicted (s) | measured (s) | error | kernels | TP comm | largest gap |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in table.to_pylist():
+        ranks = f"{r['world_size']}" + (" (oversubscribed)" if r["oversubscribed"] else "")
+        lines.append(f"| {r['workload']} | {ranks} | {r['predicted_step_time_s']:.3f} | "
+                     f"{r['measured_step_time_s']:.3f} | {_pct(r['error'])} | {_pct(r['kernels_error'])} | "
+                     f"{_pct(r['tp_comm_error'])} | {r['largest_gap']} |")
+    return "\n".join(lines)
+
+
+def published_markdown(table: pa.Table) -> str:
+    lines = ["| table | row | GPUs | predicted (s) | measured (s) | error | exposed TP / DP / PP (s) | bubble (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in table.to_pylist():
+        exposed = " / ".join(f"{(r[k] or 0):.2f}" for k in ("exposed_tp_s", "exposed_dp_s", "exposed_pp_s"))
+        lines.append(f"| {r['table']} | {r['row']} | {r['gpus']} | {r['predicted_step_time_s']:.2f} | "
+                     f"{r['measured_step_time_s']:.2f} | {_pct(r['error'])} | {exposed} | {(r['bubble_s'] or 0):.2f} |")
+    lines.append("")
+    for key, t in table_errors(table).items():
+        w = t["worst"]
+        lines.append(f"- {key}: mean |error| {t['mean_abs_error']:.1%} over {t['rows']} rows; worst {w['row']} "
+                     f"({_pct(w['error'])})")
+    return "\n".join(lines)
+
+
+def run_errors(local_path: Path, published_path: Path, out_path: Path) -> str:
+    text = ("### Real runs on this machine (local-cpu / local-gloo)\n\n"
+            + local_markdown(pq.read_table(local_path))
+            + "\n\n### Published measurements\n\n"
+            + published_markdown(pq.read_table(published_path)) + "\n")
+    with atomic_path(out_path) as tmp:
+        tmp.write_text(text)
+    return text
