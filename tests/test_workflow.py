@@ -354,7 +354,8 @@ def test_audit_sql_table(results: Path) -> None:
 def test_audit_every_view_name_matches_design() -> None:
     # the pipeline's artifacts (DESIGN.md section 3) first, then validation and sweeps
     assert [v.name for v in VIEWS] == ["ops", "comms", "deps", "traced_ranks", "rank_classes", "kernels",
-                                       "collectives", "summary", "timeline", "overlap_slowdown", "measured",
+                                       "collectives", "calibration_measurements", "summary", "timeline",
+                                       "overlap_slowdown", "measured",
                                        "measured_phases", "compare", "published", "sweep_layouts", "sweep_ranking"]
 
 

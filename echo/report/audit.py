@@ -63,6 +63,7 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("rank_classes", "dedup/{workload}/rank_classes.parquet"),
     ViewSpec("kernels", "profile/{workload}/{hardware}/kernels.parquet"),
     ViewSpec("collectives", "calibrate/{topology}/collectives.parquet"),
+    ViewSpec("calibration_measurements", "calibrate/{topology}/measurements.parquet"),
     ViewSpec("summary", "simulate/{workload}/{hardware}/{topology}/summary.parquet"),
     ViewSpec("timeline", "simulate/{workload}/{hardware}/{topology}/timeline.parquet"),
     ViewSpec("overlap_slowdown", "overlap/{hardware}/slowdown.parquet"),
