@@ -29,6 +29,8 @@ import pyarrow as pa  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from echo.io import atomic_path  # noqa: E402
+
 GIB = 1024**3
 EXPOSED_KINDS = ("tp", "cp", "ep", "dp", "pp", "other")
 # one colour per part of a step, used by every figure
@@ -47,9 +49,11 @@ LABELS = {
 
 
 def save(fig: Figure, path: Path | str) -> None:
+    """Write ``fig`` to ``path`` (format from the suffix) under a temporary name, then rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, bbox_inches="tight", dpi=150, metadata={"Date": None} if path.suffix == ".svg" else None)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip("."), bbox_inches="tight", dpi=150,
+                    metadata={"Date": None} if path.suffix == ".svg" else None)
     plt.close(fig)
 
 
@@ -266,9 +270,11 @@ def sweep_heatmap(ranking: pa.Table, title: str) -> Figure:
 # --- predicted vs measured ------------------------------------------------------------------------
 
 
-def predicted_vs_measured(points: Sequence[dict]) -> Figure:
+def predicted_vs_measured(points: Sequence[dict], band: float = 0.2, title: str = "Predicted vs measured step time",
+                          xlabel: str = "measured step time (s)") -> Figure:
     """Each point: {label, predicted_s, measured_s, source}. Log-log, with the line of perfect
-    prediction; one marker per source (published cluster runs, runs on this machine)."""
+    prediction and a +-``band`` area; one marker per source (published cluster runs, runs on
+    this machine)."""
     fig, ax = plt.subplots(figsize=(6.5, 5.5), layout="constrained")
     points = [p for p in points if p.get("predicted_s") and p.get("measured_s")]
     if not points:
@@ -277,7 +283,9 @@ def predicted_vs_measured(points: Sequence[dict]) -> Figure:
     xs, ys = [p["measured_s"] for p in points], [p["predicted_s"] for p in points]
     lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="prediction = measurement")
-    ax.fill_between([lo, hi], [lo / 1.2, hi / 1.2], [lo * 1.2, hi * 1.2], color="#DDDDDD", label="within 20%")
+    grid = [lo * (hi / lo) ** (i / 50) for i in range(51)]  # straight edges on log axes
+    ax.fill_between(grid, [g * (1 - band) for g in grid], [g * (1 + band) for g in grid], color="#DDDDDD",
+                    label=f"within {band:.0%}")
     sources = sorted({p.get("source", "") for p in points})
     markers = "osD^v<>"
     for i, source in enumerate(sources):
@@ -292,8 +300,8 @@ def predicted_vs_measured(points: Sequence[dict]) -> Figure:
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured step time (s)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title("Predicted vs measured step time")
+    ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left")
     return fig

@@ -289,41 +289,18 @@ def table_errors(table: pa.Table) -> dict[str, dict]:
 
 
 def plot_published(table: pa.Table, path: Path) -> None:
-    """Predicted vs measured step time, one marker per row, log-log, with the +-15% band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Predicted vs measured step time, one marker per table, log-log, with the +-15% band."""
+    from echo.report import plots
 
     rows = table.to_pylist()
-    fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    values = [v for r in rows for v in (r["predicted_step_time_s"], r["measured_step_time_s"])] or [1.0]
-    lo, hi = min(values) / 1.5, max(values) * 1.5
-    grid = [lo * (hi / lo) ** (i / 50) for i in range(51)]
-    ax.plot(grid, grid, color="black", lw=1, label="predicted = measured")
-    ax.fill_between(grid, [g * 0.85 for g in grid], [g * 1.15 for g in grid], color="0.85", label="+-15%")
-    for key, marker, color in (("sc21", "o", "tab:blue"), ("mcore-h100", "s", "tab:orange")):
-        pts = [r for r in rows if r["table"] == key]
-        if not pts:
-            continue
-        mae = sum(abs(r["error"]) for r in pts) / len(pts)
-        ax.scatter([r["measured_step_time_s"] for r in pts], [r["predicted_step_time_s"] for r in pts],
-                   marker=marker, color=color, label=f"{key} (mean |error| {mae:.0%})", zorder=3)
-        for r in pts:
-            ax.annotate(r["row"], (r["measured_step_time_s"], r["predicted_step_time_s"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured step time (s, from published TFLOP/s per GPU)")
-    ax.set_ylabel("predicted step time (s)")
-    ax.set_title("Echo vs published Megatron-LM measurements")
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
-    plt.close(fig)
+    points = []
+    for key in sorted({r["table"] for r in rows}):
+        mine = [r for r in rows if r["table"] == key]
+        mae = sum(abs(r["error"]) for r in mine) / len(mine)
+        points += [{"label": r["row"], "predicted_s": r["predicted_step_time_s"], "measured_s": r["measured_step_time_s"],
+                    "source": f"{key} (mean |error| {mae:.0%})"} for r in mine]
+    plots.save(plots.predicted_vs_measured(points, band=0.15, title="Echo vs published Megatron-LM measurements",
+                                           xlabel="measured step time (s, from published TFLOP/s per GPU)"), path)
 
 
 def run_validate(rows: list[Row], summary_paths: dict[str, Path], out_path: Path, plot_path: Path) -> pa.Table:
