@@ -111,26 +111,30 @@ def test_full_mode_refuses_what_it_cannot_run(tmp_path):
 # --- a real trace --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real_trace(tmp_path_factory):
-    """A small GPT traced for real: TP2 PP2 DP2 (8 ranks), interleaved, 2 roles traced."""
+def traced(root: Path, spec: dict, name: str):
+    """A small workload from ``spec`` traced for real into ``root`` (trace/), with its rank classes
+    and kernels on HARDWARE: what run_simulate reads."""
     from echo.artifacts import RANK_CLASSES
     from echo.dedup import rank_classes
     from echo.io import write_parquet
     from echo.profile import run_profile
     from echo.trace import run_trace
 
-    root = tmp_path_factory.mktemp("real")
-    w = parse_workload({
-        "model": {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
-        "parallel": {"tp": 2, "pp": 2, "dp": 2, "zero": 1, "schedule": "interleaved", "virtual_stages": 2},
-        "training": {"global_batch": 8, "micro_batch": 1, "dtype": "bf16", "recompute": "selective"}},
-        Path("real-8.yaml"))
+    w = parse_workload(spec, Path(f"{name}.yaml"))
     run_trace(w, root / "trace")
     write_parquet(rank_classes(w, pq.read_table(root / "trace" / "ranks.parquet")), root / "rank_classes.parquet",
                   RANK_CLASSES)
     run_profile(HARDWARE, root / "trace", root / "kernels.parquet")
     return w, root
+
+
+@pytest.fixture(scope="module")
+def real_trace(tmp_path_factory):
+    """A small GPT traced for real: TP2 PP2 DP2 (8 ranks), interleaved, 2 roles traced."""
+    return traced(tmp_path_factory.mktemp("real"), {
+        "model": {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
+        "parallel": {"tp": 2, "pp": 2, "dp": 2, "zero": 1, "schedule": "interleaved", "virtual_stages": 2},
+        "training": {"global_batch": 8, "micro_batch": 1, "dtype": "bf16", "recompute": "selective"}}, "real-8")
 
 
 def test_full_mode_on_a_real_trace(real_trace):

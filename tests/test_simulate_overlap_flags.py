@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from test_simulate import HARDWARE, check_split, compute, pipeline, topology
-from test_simulate_modes import SLOW, assert_same
+from test_simulate_modes import SLOW, assert_same, traced
 
 from echo.config import parse_workload
 from echo.errors import ConfigError
@@ -171,25 +171,12 @@ def test_flags_are_simulation_only():
 @pytest.fixture(scope="module")
 def sp_trace(tmp_path_factory):
     """A small GPT traced for real: TP2 PP2 DP2 (8 ranks), sequence parallel, interleaved, ZeRO 1."""
-    from echo.artifacts import RANK_CLASSES
-    from echo.dedup import rank_classes
-    from echo.io import write_parquet
-    from echo.profile import run_profile
-    from echo.trace import run_trace
-
-    root = tmp_path_factory.mktemp("sp")
-    w = parse_workload({
+    return traced(tmp_path_factory.mktemp("sp"), {
         "model": {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
         "parallel": {"tp": 2, "pp": 2, "dp": 2, "zero": 1, "sequence_parallel": True, "schedule": "interleaved",
                      "virtual_stages": 2, "overlap_grad_reduce": True, "overlap_param_gather": True,
                      "tp_comm_overlap": True},
-        "training": {"global_batch": 8, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}},
-        Path("sp-8.yaml"))
-    run_trace(w, root / "trace")
-    write_parquet(rank_classes(w, pq.read_table(root / "trace" / "ranks.parquet")), root / "rank_classes.parquet",
-                  RANK_CLASSES)
-    run_profile(HARDWARE, root / "trace", root / "kernels.parquet")
-    return w, root
+        "training": {"global_batch": 8, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}, "sp-8")
 
 
 def _simulate(w, root, out, **kw):
