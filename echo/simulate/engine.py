@@ -147,6 +147,7 @@ class StagePrograms:
 
     costs: RankCosts                 # per-chunk programs (TP overlap applied)
     special: dict[int, Program]      # position in the order -> the program that task runs instead
+    last_backward: int               # position of the last backward in the order (-1: none)
     last_b: Program                  # the last backward (gradient buckets carried out of it, if overlapped)
     grad_sync: Program
     optimizer: Program               # without the parameter all-gathers, if overlapped
@@ -169,7 +170,7 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
                 special[i] = prog
     if last >= 0:
         special[last] = last_b
-    return StagePrograms(costs, special, last_b, grad_sync, optimizer)
+    return StagePrograms(costs, special, last, last_b, grad_sync, optimizer)
 
 
 def drain_of(grad_sync: Program, overlap: bool, buckets: Program) -> tuple[str, str] | None:
@@ -186,15 +187,15 @@ class _Pipeline:
     """State of one symmetric simulation: devices, ledgers, transfers in flight, events."""
 
     def __init__(self, costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]], options: EngineOptions):
-        self.costs, self.options = costs, options
+        self.options = options
         self.p, self.v = len(costs), costs[0].chunks
         self.gpus = [Gpu(options.sharing) for _ in costs]
         self.ledgers = [Ledger() for _ in costs]
         self.arrivals: dict[_Key, list[tuple[float, float, int]]] = {}  # -> (start, arrival, flow) per send
         self.events: list[Event] = []
         self.flows = 0
-        self.last_b = [max((i for i, t in enumerate(o) if t.kind == "B"), default=-1) for o in orders]
         staged = [stage_programs(c, o, options) for c, o in zip(costs, orders, strict=True)]
+        self.last_b = [x.last_backward for x in staged]
         self.costs = [x.costs for x in staged]
         self.special = [x.special for x in staged]
         self.last_progs = [(x.last_b, x.grad_sync) for x in staged]

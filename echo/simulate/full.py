@@ -136,7 +136,6 @@ class _Full:
         """Rank r's step, as a generator of rendezvous requests."""
         spec, gpu, led = self.ranks[r], self.gpus[r], self.ledgers[r]
         order = self.orders[spec.stage]
-        last = max((i for i, t in enumerate(order) if t.kind == "B"), default=-1)
         staged = stage_programs(spec.costs, order, self.options)
         costs, last_b, grad_sync = staged.costs, staged.last_b, staged.grad_sync
         carried: list = []
@@ -147,7 +146,7 @@ class _Full:
             self.flow_in[r] = -1
             run = yield from replay_steps(prog, gpu, led.free)
             led.add(run)
-            if i == last:
+            if i == staged.last_backward:
                 carried = [f for f in run.flows if f[2].carry]
             label = task_label(task, self.v)
             kind = "forward" if task.kind == "F" else "backward"
