@@ -131,6 +131,7 @@ def dtensor_call_us(cache_dir: Path | None) -> dict:
     torch version and method, else measured now in a fresh interpreter (and cached)."""
     import torch
 
+    from echo.io import write_json
     from echo.profile import cache
 
     ident = f"{cache.cpu_model()}|{torch.__version__}|{METHOD}"
@@ -154,9 +155,7 @@ def dtensor_call_us(cache_dir: Path | None) -> dict:
         with cache.locked(path):
             table = json.loads(path.read_text()) if path.is_file() else {}
             table[ident] = row
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(table, indent=1))
-            os.replace(tmp, path)
+            write_json(table, path)
     return {**row, "cached": False}
 
 

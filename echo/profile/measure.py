@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -253,8 +253,8 @@ def in_loop(kernels: list[Kernel], results: dict[str, Result], trace_dir: Path, 
         if k.kernel_key in isolated:
             f = factors.get(k.op_class, factors["*"])
             r = results[k.kernel_key]
-            results[k.kernel_key] = Result(r.duration_us * f, r.source, r.threads, r.bound, isolated_us=r.duration_us,
-                                           inloop_factor=f)
+            results[k.kernel_key] = replace(r, duration_us=r.duration_us * f, isolated_us=r.duration_us,
+                                            inloop_factor=f)
     log.info("profile: in-loop factors %s (%d kernels replayed now, %d cached)",
              ", ".join(f"{c} {f:.2f}" for c, f in sorted(factors.items())), len(new), len(replayed) - len(new))
     return {"method": inloop.METHOD, "factors": factors, "replayed": len(new), "cached": len(replayed) - len(new),
