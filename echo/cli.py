@@ -87,15 +87,17 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from echo.config import load_hardware
+    from echo.config import load_hardware, load_workload
     from echo.profile import run_profile
+    from echo.profile.eager import colocated_ranks
 
     hardware = load_hardware(args.hardware, root=args.config_dir)
+    ranks = colocated_ranks(load_workload(args.workload, root=args.config_dir).world_size)
     p = _paths(args.results, args.workload, args.hardware)
     _need(p["ops"], hint=f"run `python -m echo trace --workload {args.workload}` first")
     # the workflow's cache by default, so the CLI and `snakemake` time each kernel once between them
     cache_dir = args.cache_dir if args.cache_dir is not None else args.results / "profile" / "_cache"
-    run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=cache_dir)
+    run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=cache_dir, ranks_on_host=ranks)
     print(p["kernels"])
     return 0
 

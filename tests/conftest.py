@@ -165,3 +165,18 @@ def stub_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = snakemake(wf, "--cores", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return wf
+
+
+FIXED_EAGER = {"eager_op_us": 10.0, "colocated": {"1": 1.0, "2": 1.05}, "kernels_per_microbatch": 80,
+               "method": "fixed by tests/conftest.py", "cached": True}
+
+
+@pytest.fixture
+def fixed_eager_step(monkeypatch):
+    """The eager engine's per-op time and the side-by-side slowdown (echo.profile.eager) fixed at
+    FIXED_EAGER, for tests of other parts of the profile (measuring them takes ~25 s and moves a
+    few percent between runs)."""
+    from echo.profile import eager
+
+    monkeypatch.setattr(eager, "step_overheads", lambda cache_dir: dict(FIXED_EAGER))
+    return FIXED_EAGER

@@ -18,7 +18,7 @@ from echo.config import load_topology
 from echo.network import NetworkModel, collective_main, run_calibrate
 from echo.network import calibrate as calibrate_mod
 from echo.network.costs import OPS, NetworkParams, Shape, candidates
-from echo.network.fit import fit_params
+from echo.network.fit import fit_api_overheads, fit_params
 from echo.network.gloo_bench import BENCH_SCHEMA, run_gloo_benchmark, sweep_sizes
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -253,7 +253,8 @@ def test_gloo_benchmark_table(gloo_bench):
     assert gloo_bench.schema == BENCH_SCHEMA
     rows = gloo_bench.to_pylist()
     sizes = sweep_sizes(cal.min_bytes, cal.max_bytes, cal.ranks)
-    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "send"}
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "send", "functional:all_reduce",
+                                       "functional:all_gather"}
     assert sorted({r["bytes"] for r in rows}) == sizes
     assert all(r["time_us"] > 0 for r in rows)
     big = {r["op"]: r["time_us"] for r in rows if r["bytes"] == sizes[-1]}
@@ -262,8 +263,9 @@ def test_gloo_benchmark_table(gloo_bench):
 
 
 def _held_out_errors(bench: pa.Table) -> np.ndarray:
-    """Fit on the even-indexed sizes of ``bench``; relative errors on the odd-indexed ones."""
+    """Fit on the even-indexed sizes of ``bench``'s plain ops; relative errors on the odd-indexed ones."""
     topo = load_topology("local-gloo")
+    bench = bench.filter(pc.invert(pc.starts_with(bench["op"], "functional:")))
     sizes = sorted(set(bench["bytes"].to_pylist()))
     is_train = pc.is_in(bench["bytes"], value_set=pa.array(sizes[::2], pa.int64()))
     params, summary = fit_params(NetworkParams.from_topology(topo), bench.filter(is_train))
@@ -274,6 +276,22 @@ def _held_out_errors(bench: pa.Table) -> np.ndarray:
         errors.append(abs(predicted - row["time_us"]) / row["time_us"])
     assert len(errors) == 3 * (len(sizes) // 2)
     return np.array(errors)
+
+
+def test_api_overheads_fit_the_extra_over_plain_calls():
+    sizes = [4096 * 2**i for i in range(8)]
+    plain = [50.0 + n / 2e3 for n in sizes]                  # 2 GB/s
+    functional = [t + 80.0 + n / 8e3 for t, n in zip(plain, sizes, strict=True)]  # + 80 us + a copy at 8 GB/s
+    bench = pa.table({"op": ["all_reduce"] * 8 + ["functional:all_reduce"] * 8, "gpus": [2] * 16,
+                      "bytes": sizes * 2, "time_us": plain + functional}, schema=BENCH_SCHEMA)
+    overheads, summary = fit_api_overheads(bench)
+    got = overheads["functional"]["all_reduce"]
+    assert got["latency_us"] == pytest.approx(80.0) and got["bandwidth_GBps"] == pytest.approx(8.0)
+    assert summary["functional:all_reduce"]["points"] == 8
+    params = replace(NetworkParams.from_topology(load_topology("local-gloo")), api_overheads=overheads)
+    assert params.api_overhead_us("functional", "all_reduce", 8000) == pytest.approx(81.0)
+    assert params.api_overhead_us("functional", "all_gather", 8000) == 0.0  # not measured: no extra
+    assert NetworkParams.from_dict(params.to_dict()) == params  # kept in network.json
 
 
 def _close(errors: np.ndarray) -> bool:
@@ -298,6 +316,12 @@ def test_calibrate_gloo_fits_and_records_measurements(tmp_path, monkeypatch, glo
     run_calibrate(load_topology("local-gloo"), tmp_path)
     model = NetworkModel.load(tmp_path / "network.json")
     assert model.source == "fitted" and model.params.op_links["all_reduce"]["bandwidth_GBps"] > 0
+    # DTensor's functional all-reduce copies its input and runs Python on the calling thread: it
+    # costs tens of microseconds more than a plain one here (70-170 us on the development machine)
+    extra = model.params.api_overheads["functional"]["all_reduce"]
+    assert extra["latency_us"] > 10.0, model.fit["api_overheads"]
+    assert model.params.api_overhead_us("functional", "all_reduce", 1 << 20) > extra["latency_us"]
+    assert model.params.api_overhead_us("c10d", "all_reduce", 1 << 20) == 0.0
     table = pq.read_table(tmp_path / "collectives.parquet").to_pylist()
     assert {r["source"] for r in table} == {"fitted"}
     measured = [r for r in table if r["measured_time_us"] is not None]

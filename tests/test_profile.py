@@ -7,6 +7,7 @@ import logging
 
 import pyarrow as pa
 import pytest
+from conftest import FIXED_EAGER
 
 from echo.artifacts import KERNELS, OPS
 from echo.config import load_hardware
@@ -15,6 +16,8 @@ from echo.profile import Kernel, Result, distinct_kernels, run_profile
 from echo.profile import measure as measure_mod
 from echo.profile.roofline import estimate, gemm_shape_efficiency
 from echo.profile.stage import kernels_table
+
+pytestmark = pytest.mark.usefixtures("fixed_eager_step")  # its own tests: test_profile_eager.py
 
 # Best measured bf16 GEMM, TFLOP/s (shared/reference/hardware.csv, best_measured_bf16_matmul_tflops)
 BEST_GEMM_TFLOPS = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5}
@@ -347,9 +350,10 @@ def test_dtensor_host_overhead_is_added_on_the_host_synchronous_cpu_only(hw_name
     rows = {r["kernel_key"]: r for r in read_parquet(tmp_path / "k.parquet").to_pylist()}
     p, f = rows[plain.kernel_key], rows[flagged.kernel_key]
     assert (p["dtensor"], f["dtensor"]) == (0, 3)
-    if hw_name == "local-cpu":
-        assert p["host_us"] == 0.0 and f["host_us"] == pytest.approx(3 * per_call)
-        assert f["duration_us"] == pytest.approx(f["isolated_us"] * f["inloop_factor"] + 3 * per_call)
+    if hw_name == "local-cpu":  # plus the eager engine's time per op, fixed by the conftest fixture
+        eager = FIXED_EAGER["eager_op_us"]
+        assert p["host_us"] == pytest.approx(eager) and f["host_us"] == pytest.approx(3 * per_call + eager)
+        assert f["duration_us"] == pytest.approx(f["isolated_us"] * f["inloop_factor"] + 3 * per_call + eager)
         assert f["duration_us"] > p["duration_us"] + 2 * per_call  # a ~3 us add: the overhead dominates
         assert note["host"]["dtensor_calls"] == 3 and note["host"]["added_ms"] == pytest.approx(3 * per_call / 1e3)
     else:  # GPU targets: Megatron-LM runs there without DTensor, and host time hides behind the queue

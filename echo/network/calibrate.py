@@ -23,6 +23,7 @@ Where the costs come from (``topology.calibration.source``):
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,14 @@ from echo.config import Topology
 from echo.errors import ConfigError
 from echo.io import write_parquet
 from echo.network.costs import OPS, P2P_OPS, NetworkParams, Shape
-from echo.network.fit import fit_nccl_tests, fit_params, leave_one_out, runs_from_measurements
-from echo.network.gloo_bench import run_gloo_benchmark
+from echo.network.fit import (
+    fit_api_overheads,
+    fit_nccl_tests,
+    fit_params,
+    leave_one_out,
+    runs_from_measurements,
+)
+from echo.network.gloo_bench import FUNCTIONAL, run_gloo_benchmark
 from echo.network.model import NetworkModel
 from echo.network.nccl_tests import MEASUREMENTS, read_log, resolve_logs
 
@@ -118,9 +125,14 @@ def calibrated_model(topology: Topology, logs: list[str | Path] | None = None, *
     base = NetworkParams.from_topology(topology)
     source = topology.calibration.source
     if source == "gloo_benchmark":
-        bench = run_gloo_benchmark(topology.calibration, priority=priority)
+        everything = run_gloo_benchmark(topology.calibration, priority=priority)
+        # the network's own figures from plain c10d calls; the functional API's extra apart
+        is_api = pc.starts_with(everything["op"], FUNCTIONAL)
+        bench = everything.filter(pc.invert(is_api))
         params, summary = fit_params(base, bench)
-        summary["measurements"] = bench.to_pylist()
+        overheads, summary["api_overheads"] = fit_api_overheads(everything)
+        params = replace(params, api_overheads=overheads)
+        summary["measurements"] = everything.to_pylist()
         summary["priority"] = priority
         return NetworkModel(topology, params, "fitted", summary), _gloo_measurements(bench)
     if source == "nccl_tests":

@@ -140,6 +140,18 @@ class NetworkParams:
     launch_us: float = 0.0
     # op -> {"latency_us": per step, "bandwidth_GBps": ...}: measured intra-node figures per op
     op_links: dict[str, dict[str, float]] = field(default_factory=dict)
+    # api -> op -> {"latency_us", "bandwidth_GBps"}: what a collective costs on top when called
+    # through that API instead of plain c10d: torch's functional collectives (DTensor's path)
+    # copy the input and run Python on the calling thread. Measured by a gloo benchmark; a GPU
+    # queues that work ahead of its kernels, so NCCL fits leave it empty.
+    api_overheads: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    def api_overhead_us(self, api: str, op: str, nbytes: float) -> float:
+        """Extra microseconds of one ``op`` of ``nbytes`` called through ``api`` (0 if unmeasured)."""
+        extra = self.api_overheads.get(api, {}).get(op)
+        if not extra:
+            return 0.0
+        return extra["latency_us"] + nbytes / (extra["bandwidth_GBps"] * _GBPS_TO_BYTES_PER_US)
 
     def __post_init__(self):
         unknown = set(self.protocols) - set(PROTOCOLS)

@@ -111,6 +111,29 @@ def fit_params(base: NetworkParams, measured: pa.Table) -> tuple[NetworkParams, 
     return params, {"joint": joint, "per_op": per_op}
 
 
+def fit_api_overheads(measured: pa.Table, prefix: str = "functional:") -> tuple[dict, dict]:
+    """What ops called through an API cost on top of plain ones: from a gloo benchmark holding
+    both (``prefix + op`` rows next to ``op`` rows of the same sizes), per op a least-squares line
+    extra(bytes) = latency + bytes / bandwidth through (time through the API - plain time).
+    Returns ({api: {op: {"latency_us", "bandwidth_GBps"}}}, per-op summary)."""
+    rows = measured.to_pylist()
+    plain = {(r["op"], r["bytes"]): r["time_us"] for r in rows if not r["op"].startswith(prefix)}
+    api = prefix.rstrip(":")
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    summary: dict[str, dict] = {}
+    for op in sorted({r["op"].removeprefix(prefix) for r in rows if r["op"].startswith(prefix)}):
+        pairs = [(r["bytes"], r["time_us"] - plain[(op, r["bytes"])]) for r in rows
+                 if r["op"] == prefix + op and (op, r["bytes"]) in plain]
+        if len(pairs) < 2:
+            continue
+        x, extra = (np.array(v, dtype=float) for v in zip(*pairs, strict=True))
+        (latency, per_byte), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), extra, rcond=None)
+        latency, per_byte = max(float(latency), 0.0), max(float(per_byte), 1e-12)  # never faster than plain
+        out.setdefault(api, {})[op] = {"latency_us": latency, "bandwidth_GBps": 1.0 / (per_byte * _GBPS_TO_BYTES_PER_US)}
+        summary[prefix + op] = {**out[api][op], "points": len(pairs), "median_extra_us": float(np.median(extra))}
+    return out, summary
+
+
 # --- nccl-tests logs -----------------------------------------------------------------------
 
 NCCL_LOSS_SCALE = 0.05   # residuals (log time) beyond ~5% count linearly

@@ -5,7 +5,9 @@ returns one row per (op, size) with the median time of the timed repeats. It is 
 ``local-gloo`` topology is calibrated from (see ``echo.network.calibrate``).
 
 Sizes follow nccl-tests: ``bytes`` is the all_reduce buffer, the whole all_gather output and
-the p2p tensor. Each timed repeat starts after a barrier, so ranks enter the op together, and
+the p2p tensor. Ops named ``functional:<op>`` run through torch's functional collectives, as
+DTensor (the traced tensor parallelism) calls them; the network fit keeps plain ops, and what
+the functional ones cost on top is fitted apart (``echo.network.fit.fit_api_overheads``). Each timed repeat starts after a barrier, so ranks enter the op together, and
 the time of a repeat is the slowest rank's (an op is done when every rank is done).
 """
 
@@ -23,7 +25,9 @@ import pyarrow as pa
 from echo.config.topology import Calibration
 from echo.ranks import free_port, launch, wait
 
-BENCH_OPS = ("all_reduce", "all_gather", "send")
+FUNCTIONAL = "functional:"  # an op called through torch's functional collectives (DTensor's path)
+PLAIN_OPS = ("all_reduce", "all_gather", "send")
+BENCH_OPS = (*PLAIN_OPS, f"{FUNCTIONAL}all_reduce", f"{FUNCTIONAL}all_gather")
 BENCH_SCHEMA = pa.schema([
     ("op", pa.string()),
     ("gpus", pa.int32()),
@@ -38,7 +42,9 @@ _PASSES = 12            # sweeps over all sizes that the samples of each size ar
 _TIMEOUT_S = 300.0      # a hung rank (e.g. a blocked port) must not hang the workflow
 _MAX_HELD_BYTES = 4 << 30  # every size's buffers stay allocated during the sweep (per rank)
 # bytes of buffers one op holds per message byte: all_gather keeps its output and its input share
-_HELD_PER_BYTE = {"all_reduce": 1.0, "all_gather": 1.5, "send": 1.0}
+# (functional ones also allocate their output each call, freed at once)
+_HELD_PER_BYTE = {"all_reduce": 1.0, "all_gather": 1.5, "send": 1.0,
+                  f"{FUNCTIONAL}all_reduce": 1.0, f"{FUNCTIONAL}all_gather": 0.5}
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, ranks: int = 1) -> list[int]:
@@ -56,6 +62,16 @@ def _timed_op(op: str, rank: int, nbytes: int, world: int):
     import torch
     import torch.distributed as dist
 
+    if op.startswith(FUNCTIONAL):  # as DTensor calls them: a new output, then wait on it
+        import torch.distributed._functional_collectives as funcol
+
+        group = dist.group.WORLD
+        if op == f"{FUNCTIONAL}all_reduce":
+            buf = torch.zeros(nbytes // _FLOAT_BYTES)
+            return lambda: funcol.wait_tensor(funcol.all_reduce(buf, "sum", group))
+        if op == f"{FUNCTIONAL}all_gather":
+            inp = torch.ones(nbytes // _FLOAT_BYTES // world)
+            return lambda: funcol.wait_tensor(funcol.all_gather_tensor(inp, 0, group))
     if op == "all_reduce":
         buf = torch.zeros(nbytes // _FLOAT_BYTES)  # zeros: repeated sums never overflow to inf
         return lambda: dist.all_reduce(buf)

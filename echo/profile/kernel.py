@@ -38,4 +38,5 @@ class Result:
     bound: str | None    # compute | memory | launch for a modelled kernel, else None
     isolated_us: float | None = None    # measured: the kernel timed alone, before the in-loop factor
     inloop_factor: float | None = None  # measured: in-loop / isolated time of its op class (echo.profile.inloop)
-    host_us: float = 0.0                # host overhead included in duration_us (echo.profile.host)
+    host_us: float = 0.0                # host overhead included in duration_us (echo.profile.host, .eager)
+    colocation_factor: float = 1.0      # slowdown from the run's other ranks on this CPU, applied (echo.profile.eager)

@@ -10,11 +10,14 @@ Three sources, one table (``source`` says which gave each row):
   the trace's tasks replayed in order).
 
 On a host-synchronous device (``Hardware.host_synchronous``: the local CPU, whose kernels run on
-the thread that dispatches them) host overheads add to the kernels: a kernel that the tracer
-found behind DTensor-level calls (``dtensor`` in the trace, part of its kernel key) gets that
-many times DTensor's dispatch time per call, measured here (``host``). GPU targets ignore it:
-their kernels run from a queue the host fills ahead of time, and Megatron-LM, which they stand
-for, runs tensor parallelism without DTensor.
+the thread that dispatches them) host overheads add to the kernels: every measured kernel gets
+the eager engine's time per op, and a kernel that the tracer found behind DTensor-level calls
+(``dtensor`` in the trace, part of its kernel key) that many times DTensor's dispatch time per
+call, both measured here (``eager``, ``host``). The run's ranks share this CPU's caches and memory
+bus, so every measured kernel is then scaled by the slowdown measured with that many ranks busy
+side by side (``eager``). GPU targets ignore all three: their kernels run from a queue the host
+fills ahead of time on a device of their own, and Megatron-LM, which they stand for, runs tensor
+parallelism without DTensor.
 
 Only compute and memcpy ops are kernels here; collectives and p2p belong to the network model.
 Next to ``kernels.parquet`` the stage writes ``profile.json``: how many rows came from each
@@ -45,19 +48,21 @@ _FIELDS = ("name", "op_class", "kind", "shapes", "dtype", "flops", "bytes", "arg
 # Columns written besides the KERNELS contract: the roofline bound of modelled rows and the
 # thread count of measured ones (0 when modelled or imported).
 # Measured rows also carry their isolated timing and in-loop factor; host_us is the host
-# overhead included in duration_us (dtensor: the DTensor-level calls it stands for).
+# overhead included in duration_us (the eager engine's per op, and dtensor: the DTensor-level
+# calls it stands for); colocation_factor the slowdown from the run's other ranks, applied.
 EXTRA = pa.schema([("kind", pa.string()), ("bound", pa.string()), ("threads", pa.int32()),
                    ("isolated_us", pa.float64()), ("inloop_factor", pa.float64()), ("host_us", pa.float64()),
-                   ("dtensor", pa.int32())])
+                   ("dtensor", pa.int32()), ("colocation_factor", pa.float64())])
 NOTE = "profile.json"
 
 
 def run_profile(hardware: Hardware, trace_dir: Path, out_path: Path, cache_dir: Path | None = None,
-                imported: Path | None = None) -> dict:
+                imported: Path | None = None, ranks_on_host: int = 1) -> dict:
     """Write ``out_path`` (KERNELS): each distinct kernel of ``trace_dir/ops.parquet`` with its
     duration on ``hardware``: imported from the Kineto trace ``imported`` where it has the kernel,
-    else modelled for a GPU or measured (and cached in ``cache_dir``) for the local CPU. Also
-    writes the note ``profile.json`` next to ``out_path``, and returns it."""
+    else modelled for a GPU or measured (and cached in ``cache_dir``) for the local CPU, whose
+    run has ``ranks_on_host`` ranks busy at once (``eager.colocated_ranks``). Also writes the
+    note ``profile.json`` next to ``out_path``, and returns it."""
     t0 = time.perf_counter()
     out_path = Path(out_path)
     kernels = distinct_kernels(read_parquet(Path(trace_dir) / "ops.parquet"))
@@ -87,6 +92,7 @@ def run_profile(hardware: Hardware, trace_dir: Path, out_path: Path, cache_dir: 
         note["measure"] = stats
     if hardware.host_synchronous:
         results = add_host_overhead(kernels, results, Path(cache_dir) if cache_dir else None, note)
+        results = add_eager_step(kernels, results, Path(cache_dir) if cache_dir else None, note, ranks_on_host)
     table = kernels_table(kernels, results)
     write_parquet(table, out_path, KERNELS)
     note["sources"] = dict(Counter(results[k.kernel_key].source for k in kernels))
@@ -140,6 +146,33 @@ def add_host_overhead(kernels: list[Kernel], results: dict[str, Result], cache_d
     return out
 
 
+def add_eager_step(kernels: list[Kernel], results: dict[str, Result], cache_dir: Path | None,
+                   note: dict, ranks_on_host: int) -> dict[str, Result]:
+    """``results`` with the eager engine's time per op added to every measured kernel, then scaled
+    by the slowdown of ``ranks_on_host`` ranks side by side (``echo.profile.eager``, measured here
+    or cached). Imported kernels are a real run's timings and keep them. Records the figures and
+    their provenance in ``note["eager"]``."""
+    measured_keys = [k for k in kernels if results[k.kernel_key].source == "measured"]
+    if not measured_keys:
+        note["eager"] = {"kernels": 0}
+        return results
+    from echo.profile import eager
+
+    measured = eager.step_overheads(cache_dir)
+    per_op, colocation = measured["eager_op_us"], eager.colocation_factor(measured, ranks_on_host)
+    out = dict(results)
+    for k in measured_keys:
+        r = out[k.kernel_key]
+        out[k.kernel_key] = replace(r, duration_us=(r.duration_us + per_op) * colocation,
+                                    host_us=(r.host_us + per_op) * colocation, colocation_factor=colocation)
+    ops = sum(k.count for k in measured_keys)
+    note["eager"] = {"eager_op_us": per_op, "ranks_on_host": ranks_on_host, "colocation_factor": colocation,
+                     "kernels": len(measured_keys), "added_ms": ops * per_op / 1e3, "measurement": measured}
+    log.info("profile: eager engine %.1f us per op (%s), %d ranks on this CPU: kernels x %.3f",
+             per_op, "cached" if measured.get("cached") else "measured now", ranks_on_host, colocation)
+    return out
+
+
 def model_kernels(kernels: list[Kernel], hardware: Hardware) -> dict[str, Result]:
     """kernel_key -> Result from the roofline model."""
     out = {}
@@ -165,6 +198,7 @@ def kernels_table(kernels: list[Kernel], results: dict[str, Result]) -> pa.Table
             achieved_tflops=roofline.executed_flops(k) * per_us / 1e6, achieved_GBps=k.bytes * per_us / 1e3,
             source=r.source, count=k.count, kind=k.kind, bound=r.bound, threads=r.threads,
             isolated_us=r.isolated_us, inloop_factor=r.inloop_factor, host_us=r.host_us, dtensor=k.dtensor,
+            colocation_factor=r.colocation_factor,
         ))
     schema = pa.schema(list(KERNELS) + list(EXTRA))
     return pa.Table.from_pylist(rows, schema=schema)

@@ -72,6 +72,7 @@ class Op:
     loads: tuple[tuple[tuple, float], ...] = ()  # links it loads and how much (network model)
     op_class: str = ""     # a compute op's class (gemm, attention, ...: ops.op_class)
     slowed_us: float = 0.0  # of a compute op's duration_us, overlap slowdown already included (TP overlap)
+    api: str = "c10d"      # a collective's calling API: c10d | functional (DTensor's; network model api_overheads)
 
     @cached_property
     def flow(self) -> Flow:
@@ -370,8 +371,8 @@ class CommTimer:
                 flow_of = None
             self._flow_of = flow_of
 
-    def _get(self, op: str, group: Sequence[int], nbytes: int) -> tuple[float, float, tuple]:
-        key = (op, tuple(group), int(nbytes))
+    def _get(self, op: str, group: Sequence[int], nbytes: int, api: str) -> tuple[float, float, tuple]:
+        key = (op, tuple(group), int(nbytes), api)
         if key not in self._cache:
             us = float(self._network.estimate(op, group=list(group), nbytes=int(nbytes)).time_us)
             latency, loads = 0.0, ()
@@ -379,15 +380,27 @@ class CommTimer:
                 f = self._flow_of(self._network, op, group, int(nbytes))
                 latency = min(float(f.latency_us), us)
                 loads = tuple(sorted(f.loads.items()))
-            self._cache[key] = (us, latency, loads)
+            # the calling API's own work (a copy, Python on the calling thread) loads no link
+            extra = _api_overhead_us(self._network, api, op, nbytes) if len(set(group)) > 1 else 0.0
+            self._cache[key] = (us + extra, latency + extra, loads)
         return self._cache[key]
 
-    def time_us(self, op: str, group: Sequence[int], nbytes: int) -> float:
-        return self._get(op, group, nbytes)[0]
+    def time_us(self, op: str, group: Sequence[int], nbytes: int, api: str = "c10d") -> float:
+        return self._get(op, group, nbytes, api)[0]
 
-    def transfer(self, op: str, group: Sequence[int], nbytes: int) -> tuple[float, float, tuple]:
-        """(time, latency, link loads) of one transfer."""
-        return self._get(op, group, nbytes)
+    def transfer(self, op: str, group: Sequence[int], nbytes: int, api: str = "c10d") -> tuple[float, float, tuple]:
+        """(time, latency, link loads) of one transfer called through ``api``."""
+        return self._get(op, group, nbytes, api)
+
+
+def _api_overhead_us(network, api: str, op: str, nbytes: int) -> float:
+    params = getattr(network, "params", None)
+    return params.api_overhead_us(api, op, nbytes) if hasattr(params, "api_overhead_us") else 0.0
+
+
+def api_of(name: str) -> str:
+    """The API a traced collective was called through, from its op name."""
+    return "functional" if name.startswith("_c10d_functional.") else "c10d"
 
 
 @dataclass(frozen=True)
@@ -420,13 +433,14 @@ def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
         raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
                          f"(comm_id {row['comm_id']})")
     group = tuple(int(r) for r in comm["group"])
-    us, latency, loads = ctx.timer.transfer(comm["op"], group, comm["bytes"])
+    api = api_of(row["name"])
+    us, latency, loads = ctx.timer.transfer(comm["op"], group, comm["bytes"], api)
     stream = row["stream"]
     if kind == "p2p":
         stream = "p2p_bwd" if row["phase"] in ("backward", "recompute") else "p2p_fwd"
     return Op(row["seq"], kind, stream, us, blocking=bool(comm["blocking"]), comm_kind=comm["group_kind"],
               op=comm["op"], group=group, peer=int(comm.get("peer", -1) if comm.get("peer") is not None else -1),
-              link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads)
+              link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads, api=api)
 
 
 @dataclass(frozen=True)

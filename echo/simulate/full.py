@@ -86,7 +86,7 @@ def relabel_costs(costs: RankCosts, move, link_of, compute_scale: float = 1.0, t
                     if compute_scale != 1.0 else op
             elif op.group or op.peer >= 0:
                 group = tuple(move(g) for g in op.group)
-                us, latency, loads = (timer.transfer(op.op, group, op.nbytes) if timer is not None and op.nbytes > 0
+                us, latency, loads = (timer.transfer(op.op, group, op.nbytes, op.api) if timer is not None and op.nbytes > 0
                                       else (op.duration_us, op.latency_us, op.loads))
                 cache[key] = dataclasses.replace(op, group=group, peer=move(op.peer) if op.peer >= 0 else -1,
                                                  link=link_of(group), duration_us=us, latency_us=latency,

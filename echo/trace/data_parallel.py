@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed._functional_collectives as funcol
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
@@ -138,7 +138,7 @@ def grad_sync_and_step(rec: Recorder, modules: list[nn.Module], groups: dict, pa
         with rec.muted():
             buf = torch.empty(partial, dtype=torch.float32)
         with rec.phase("grad_sync", blocking=True):
-            funcol.wait_tensor(funcol.all_reduce(buf, "sum", groups["tp"]))
+            dist.all_reduce(buf, group=groups["tp"])
     for rs in reduction_sets(modules, groups, parallel):
         _reduce_and_step(rec, rs, parallel.zero, param_dtype)
 
@@ -151,12 +151,15 @@ def _reduce_and_step(rec: Recorder, rs: ReductionSet, zero: int, param_dtype: to
     shards = [s // dp if zero in (1, 2) else s for s in sizes]
     with rec.muted():
         grads = [torch.empty(s, dtype=torch.float32) for s in sizes]
+        outs = [torch.empty(s // dp, dtype=torch.float32) for s in sizes]
+    # plain c10d calls, as Megatron's DDP and the measure stage's DataParallel make them (DTensor's
+    # functional collectives cost more on a host-synchronous CPU: network api_overheads)
     with rec.phase("grad_sync", blocking=False, stream="comm"):
-        for g in grads:
+        for g, out in zip(grads, outs, strict=True):
             if dp > 1 and zero == 0:
-                funcol.wait_tensor(funcol.all_reduce(g, "sum", group))
+                dist.all_reduce(g, group=group)
             elif dp > 1 and zero in (1, 2):
-                funcol.wait_tensor(funcol.reduce_scatter_tensor(g, "sum", 0, group))
+                dist.reduce_scatter_single(out, g, group=group)
     with rec.muted():
         state = [[torch.zeros(n, dtype=torch.float32) for _ in range(4)] for n in shards]
         steps = [torch.zeros((), dtype=torch.float32) for _ in shards]
@@ -167,7 +170,9 @@ def _reduce_and_step(rec: Recorder, rs: ReductionSet, zero: int, param_dtype: to
         for p in params if zero < 3 else []:  # FSDP gathers in the compute dtype itself
             half = p.to(param_dtype) if param_dtype != torch.float32 else p
             if dp > 1 and zero >= 1:
-                funcol.wait_tensor(funcol.all_gather_tensor(half, 0, group))
+                with rec.muted():
+                    gathered = torch.empty(half.numel() * dp, dtype=half.dtype)
+                dist.all_gather_single(gathered, half, group=group)
 
 
 def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,

@@ -192,7 +192,7 @@ class DataParallel:
                 dist.all_reduce(b.grad, group=self.group)
             else:
                 out = b.grad[b.shard]
-                dist.reduce_scatter_tensor(out, b.grad, group=self.group)
+                dist.reduce_scatter_single(out, b.grad, group=self.group)
 
     def step(self) -> None:
         """Fused AdamW on the local shards, then (ZeRO 1/2) all-gather the parameters."""
@@ -208,7 +208,7 @@ class DataParallel:
             else:
                 half = b.param[b.shard]
             if self.dp > 1 and self.zero >= 1:  # in place for fp32, as Megatron's param buffer
-                dist.all_gather_into_tensor(b.param, half, group=self.group)
+                dist.all_gather_single(b.param, half, group=self.group)
 
 
 # --- the pipeline --------------------------------------------------------------------------

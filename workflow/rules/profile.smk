@@ -1,12 +1,14 @@
 # profile: how long does each distinct kernel of the workload take on {hardware}? Measured on
 # this machine for a cpu hardware file (timings cached across workloads in PROFILE_CACHE, so a
 # workload times only kernels no earlier one had; scaled to in-loop time by replaying the
-# trace's tasks in order; DTensor's dispatch time added per call on a host_synchronous device,
-# measured once per CPU and cached there too), modelled (roofline + calibrated efficiency)
+# trace's tasks in order; on a host_synchronous device the eager engine's time per op and
+# DTensor's dispatch time per call added, and the slowdown of the workload's ranks side by side
+# applied, each measured once per CPU and cached there too), modelled (roofline + calibrated efficiency)
 # for a GPU. A PyTorch profiler (Kineto) Chrome trace of a real run of the workload on that
 # hardware, dropped at imports/kineto/{workload}/{hardware}.json (or .json.gz), fills the
 # kernels it covers (source = imported); profile.json counts what it could not match.
 
+from echo.profile.eager import colocated_ranks
 from echo.profile.kineto import dropped_in_trace
 
 PROFILE_CACHE = "results/profile/_cache"
@@ -26,6 +28,7 @@ rule profile:
     params:
         hardware=hardware_params,
         cache_dir=PROFILE_CACHE,
+        ranks_on_host=lambda wc: colocated_ranks(workload_config(wc.workload).world_size),
         code=code_version("profile"),
     threads: profile_threads
     log:
