@@ -253,8 +253,8 @@ def test_gloo_benchmark_table(gloo_bench):
     assert gloo_bench.schema == BENCH_SCHEMA
     rows = gloo_bench.to_pylist()
     sizes = sweep_sizes(cal.min_bytes, cal.max_bytes, cal.ranks)
-    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "send", "functional:all_reduce",
-                                       "functional:all_gather"}
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "send",
+                                       "functional:all_reduce", "functional:all_gather"}
     assert sorted({r["bytes"] for r in rows}) == sizes
     assert all(r["time_us"] > 0 for r in rows)
     big = {r["op"]: r["time_us"] for r in rows if r["bytes"] == sizes[-1]}
@@ -274,7 +274,7 @@ def _held_out_errors(bench: pa.Table) -> np.ndarray:
     for row in bench.filter(pc.invert(is_train)).to_pylist():
         predicted = model.estimate(row["op"], gpus=row["gpus"], nbytes=row["bytes"]).time_us
         errors.append(abs(predicted - row["time_us"]) / row["time_us"])
-    assert len(errors) == 3 * (len(sizes) // 2)
+    assert len(errors) == 4 * (len(sizes) // 2)
     return np.array(errors)
 
 
@@ -325,7 +325,7 @@ def test_calibrate_gloo_fits_and_records_measurements(tmp_path, monkeypatch, glo
     table = pq.read_table(tmp_path / "collectives.parquet").to_pylist()
     assert {r["source"] for r in table} == {"fitted"}
     measured = [r for r in table if r["measured_time_us"] is not None]
-    assert {r["op"] for r in measured} == {"all_reduce", "all_gather", "send", "recv"}
+    assert {r["op"] for r in measured} == {"all_reduce", "all_gather", "reduce_scatter", "send", "recv"}
     assert all(r["gpus"] == 2 and r["nodes"] == 1 for r in measured)
     rel = [abs(r["time_us"] - r["measured_time_us"]) / r["measured_time_us"] for r in measured]
     assert np.median(rel) < 0.25

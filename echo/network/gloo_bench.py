@@ -4,8 +4,8 @@
 returns one row per (op, size) with the median time of the timed repeats. It is what the
 ``local-gloo`` topology is calibrated from (see ``echo.network.calibrate``).
 
-Sizes follow nccl-tests: ``bytes`` is the all_reduce buffer, the whole all_gather output and
-the p2p tensor. Ops named ``functional:<op>`` run through torch's functional collectives, as
+Sizes follow nccl-tests: ``bytes`` is the all_reduce buffer, the whole all_gather output, the
+whole reduce_scatter input and the p2p tensor. Ops named ``functional:<op>`` run through torch's functional collectives, as
 DTensor (the traced tensor parallelism) calls them; the network fit keeps plain ops, and what
 the functional ones cost on top is fitted apart (``echo.network.fit.fit_api_overheads``). Each timed repeat starts after a barrier, so ranks enter the op together, and
 the time of a repeat is the slowest rank's (an op is done when every rank is done).
@@ -26,7 +26,7 @@ from echo.config.topology import Calibration
 from echo.ranks import free_port, launch, wait
 
 FUNCTIONAL = "functional:"  # an op called through torch's functional collectives (DTensor's path)
-PLAIN_OPS = ("all_reduce", "all_gather", "send")
+PLAIN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send")
 BENCH_OPS = (*PLAIN_OPS, f"{FUNCTIONAL}all_reduce", f"{FUNCTIONAL}all_gather")
 BENCH_SCHEMA = pa.schema([
     ("op", pa.string()),
@@ -43,7 +43,7 @@ _TIMEOUT_S = 300.0      # a hung rank (e.g. a blocked port) must not hang the wo
 _MAX_HELD_BYTES = 4 << 30  # every size's buffers stay allocated during the sweep (per rank)
 # bytes of buffers one op holds per message byte: all_gather keeps its output and its input share
 # (functional ones also allocate their output each call, freed at once)
-_HELD_PER_BYTE = {"all_reduce": 1.0, "all_gather": 1.5, "send": 1.0,
+_HELD_PER_BYTE = {"all_reduce": 1.0, "all_gather": 1.5, "reduce_scatter": 1.5, "send": 1.0,
                   f"{FUNCTIONAL}all_reduce": 1.0, f"{FUNCTIONAL}all_gather": 0.5}
 
 
@@ -79,6 +79,10 @@ def _timed_op(op: str, rank: int, nbytes: int, world: int):
         out = torch.empty(nbytes // _FLOAT_BYTES)
         inp = torch.ones(nbytes // _FLOAT_BYTES // world)
         return lambda: dist.all_gather_single(out, inp)
+    if op == "reduce_scatter":  # ZeRO's gradient reduction; gloo's is not half an all-reduce
+        inp = torch.zeros(nbytes // _FLOAT_BYTES)
+        out = torch.empty(nbytes // _FLOAT_BYTES // world)
+        return lambda: dist.reduce_scatter_single(out, inp)
     if op == "send":
         # One-way transfer rank 0 -> rank 1; other ranks idle (they still join the barriers).
         buf = torch.ones(nbytes // _FLOAT_BYTES)

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-METHOD = "eager-step-vs-inloop-replay/reference-gpt/thread-cpu/side-by-side/v1"
+METHOD = "eager-step-vs-inloop-replay/reference-gpt/thread-cpu/alone-then-side-by-side/v2"
 FILE = "eager_step.json"
 REFERENCE = dict(arch="gpt", layers=2, hidden=192, heads=6, vocab=2048, seq_len=96)
 MICRO_BATCH = 2

@@ -14,14 +14,17 @@ op's output from the same replay, as in the loop. Activations saved by forward a
 backward are separate tasks' and stay rebuilt (cold), as in the loop. Each op is timed with the
 thread's CPU clock (as ``measure``: time preempted by other processes does not count); a task
 is replayed ``REPEATS`` times per window and ``WINDOWS`` windows spread over the run; an op's
-time is the best window's median over its repeats (as ``measure`` keeps a kernel's best window:
-a neighbour streaming memory for a few seconds slows one window, not all), and a kernel's the
-mean over its occurrences.
+time is the median over windows of its median over repeats, and a kernel's the mean over its
+occurrences. Typical, not best: a real step runs at the loop's typical pace (the best of four
+windows and two processes came out 2-3% under the median replay, and the tiny workloads' real
+steps were under-predicted by as much); the median still ignores a window that a neighbour
+streaming memory for a few seconds slowed.
 
-The profile stage replays in ``PROCESSES`` fresh interpreters (``replay_in_processes``) and keeps
-each kernel's best: a process's heap and memory layout (what the timing before it left behind,
-where its buffers landed in the caches) moved class totals by up to 25% between replays in one
-process, against under 10% between fresh ones.
+The profile stage replays in ``PROCESSES`` fresh interpreters (``replay_in_processes``) and takes
+each kernel's mean over them: a process's heap and memory layout (what the timing before it left
+behind, where its buffers landed in the caches) moved class totals by up to 25% between replays
+in one process, against under 10% between fresh ones, and a real run's process has a layout of
+its own.
 
 Single calls of microsecond kernels are too noisy to use one by one (two replays on a busy
 2-core machine agree within 10% for only ~80% of the kernels, while their sums agree within
@@ -47,11 +50,11 @@ import torch
 
 from echo.profile import rebuild
 
-METHOD = "inloop-replay/thread-cpu-time/chained/best-of-processes/v2"  # cache identity of replayed timings
+METHOD = "inloop-replay/thread-cpu-time/chained/median-windows/mean-of-processes/v3"  # cache identity of replayed timings
 CLOCK = time.thread_time
 REPEATS = 5            # replays of a task per window (after one warm-up replay)
 WINDOWS = 4            # windows per task, spread over the run
-PROCESSES = 2          # fresh interpreters the profile stage replays in (each kernel's best kept)
+PROCESSES = 2          # fresh interpreters the profile stage replays in (each kernel: their mean)
 MAX_TASK_BYTES = 2 * 2**30  # a task whose rebuilt inputs and outputs would exceed this is not replayed
 REPLAYED_KINDS = ("compute", "memcpy")
 # Op classes whose replayed time is summed with the others' when it is too small to be a
@@ -106,14 +109,14 @@ def replay_times(ops: list[dict], deps: list[dict], wanted: set[str] | None = No
     for task in built:
         for op in task:
             if op.windows and not op.broken:
-                per_key[op.key].append(min(op.windows) * 1e6)
+                per_key[op.key].append(statistics.median(op.windows) * 1e6)
     return {k: sum(v) / len(v) for k, v in per_key.items()}
 
 
 def replay_in_processes(trace_dir, wanted: set[str], processes: int = PROCESSES) -> dict[str, float]:
     """``replay_times`` of the trace in ``trace_dir`` (ops.parquet, deps.parquet) in ``processes``
-    fresh interpreters, one after the other; per kernel the fastest of their results."""
-    best: dict[str, float] = {}
+    fresh interpreters, one after the other; per kernel the mean of their results."""
+    runs: dict[str, list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="echo-inloop-") as tmp:
         spec = os.path.join(tmp, "wanted.json")
         with open(spec, "w") as fh:
@@ -127,8 +130,8 @@ def replay_in_processes(trace_dir, wanted: set[str], processes: int = PROCESSES)
                 raise RuntimeError(f"in-loop replay of {trace_dir} failed:\n{proc.stderr[-3000:]}")
             with open(out) as fh:
                 for key, us in json.load(fh).items():
-                    best[key] = min(us, best.get(key, us))
-    return best
+                    runs[key].append(us)
+    return {key: statistics.fmean(us) for key, us in runs.items()}
 
 
 def _main(trace_dir: str, wanted_json: str, out_json: str) -> None:

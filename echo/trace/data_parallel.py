@@ -173,6 +173,11 @@ def _reduce_and_step(rec: Recorder, rs: ReductionSet, zero: int, param_dtype: to
                 with rec.muted():
                     gathered = torch.empty(half.numel() * dp, dtype=half.dtype)
                 dist.all_gather_single(gathered, half, group=group)
+        # the gradient buffers start the next step at zero (Megatron's zero_grad_buffer, the
+        # measure stage's DataParallel.zero_grad): a fill of every bucket. FSDP2 drops its
+        # sharded gradients instead.
+        for g in grads if zero < 3 else []:
+            g.zero_()
 
 
 def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,
