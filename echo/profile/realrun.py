@@ -4,10 +4,10 @@ It runs the step Echo traces for that workload, with real tensors: the same mode
 (``echo.trace.model.ModelChunk``, first and last), the same loss, and the optimizer step as the
 tracer records it: fused AdamW over flat fp32 buckets of the model's size (Megatron-LM's layout,
 sized by ``echo.trace.data_parallel.buckets``), then a cast of each bucket to the compute dtype
-when that is not fp32. Gradients are left where autograd put them, as ``p.grad = None`` between
-steps: Megatron's weight-gradient GEMMs write into the buckets directly, so a copy would be a
-kernel that neither Megatron nor the trace has; the update therefore runs on the buckets' own
-values, which changes no timing.
+when that is not fp32, after the gradient buckets are zeroed for the next step. Gradients are
+left where autograd put them, as ``p.grad = None`` between steps: Megatron's weight-gradient
+GEMMs write into the buckets directly, so a copy would be a kernel that neither Megatron nor the
+trace has; the update therefore runs on the buckets' own values, which changes no timing.
 
 The profiled run gives a Chrome trace (for ``echo.profile.kineto``) and its measured step times
 (``ProfilerStep#N`` spans in the same file); unprofiled steps are timed too, to show what the
@@ -95,6 +95,8 @@ def profile_step(w: Workload, out_json: Path, *, steps: int = 3, warmup: int = 2
             params, grads, m, v_ = (list(x) for x in zip(*state, strict=True))
             torch._fused_adamw_(params, grads, m, v_, [], steps_t, lr=1e-4, beta1=0.9, beta2=0.95,
                                 weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
+            for g in grads:  # the buckets start the next step at zero, as the tracer records
+                g.zero_()
             if dtype != torch.float32:
                 for p in params:
                     p.to(dtype)

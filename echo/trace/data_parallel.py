@@ -167,17 +167,18 @@ def _reduce_and_step(rec: Recorder, rs: ReductionSet, zero: int, param_dtype: to
         params, grad_shards, m, v = (list(x) for x in zip(*state, strict=True))
         torch._fused_adamw_(params, grad_shards, m, v, [], steps, lr=1e-4, beta1=0.9, beta2=0.95,
                             weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
+        # the gradients are consumed: their buffers start the next step at zero (Megatron's
+        # zero_grad_buffer, the measure stage's DataParallel.zero_grad), a fill of every bucket,
+        # done before the parameter all-gathers as when it opens the next step. FSDP2 drops its
+        # sharded gradients instead.
+        for g in grads if zero < 3 else []:
+            g.zero_()
         for p in params if zero < 3 else []:  # FSDP gathers in the compute dtype itself
             half = p.to(param_dtype) if param_dtype != torch.float32 else p
             if dp > 1 and zero >= 1:
                 with rec.muted():
                     gathered = torch.empty(half.numel() * dp, dtype=half.dtype)
                 dist.all_gather_single(gathered, half, group=group)
-        # the gradient buffers start the next step at zero (Megatron's zero_grad_buffer, the
-        # measure stage's DataParallel.zero_grad): a fill of every bucket. FSDP2 drops its
-        # sharded gradients instead.
-        for g in grads if zero < 3 else []:
-            g.zero_()
 
 
 def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,
