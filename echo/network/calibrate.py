@@ -130,7 +130,7 @@ def calibrated_model(topology: Topology, logs: list[str | Path] | None = None, *
         is_api = pc.starts_with(everything["op"], FUNCTIONAL)
         bench = everything.filter(pc.invert(is_api))
         params, summary = fit_params(base, bench)
-        overheads, summary["api_overheads"] = fit_api_overheads(everything)
+        overheads, summary["api_overheads"] = fit_api_overheads(everything, FUNCTIONAL)
         params = replace(params, api_overheads=overheads)
         summary["measurements"] = everything.to_pylist()
         summary["priority"] = priority

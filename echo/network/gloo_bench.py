@@ -5,10 +5,12 @@ returns one row per (op, size) with the median time of the timed repeats. It is 
 ``local-gloo`` topology is calibrated from (see ``echo.network.calibrate``).
 
 Sizes follow nccl-tests: ``bytes`` is the all_reduce buffer, the whole all_gather output, the
-whole reduce_scatter input and the p2p tensor. Ops named ``functional:<op>`` run through torch's functional collectives, as
-DTensor (the traced tensor parallelism) calls them; the network fit keeps plain ops, and what
-the functional ones cost on top is fitted apart (``echo.network.fit.fit_api_overheads``). Each timed repeat starts after a barrier, so ranks enter the op together, and
-the time of a repeat is the slowest rank's (an op is done when every rank is done).
+whole reduce_scatter input and the p2p tensor. Ops named ``functional:<op>`` run through torch's
+functional collectives, as DTensor (the traced tensor parallelism) calls them; the network fit
+keeps plain ops, and what the functional ones cost on top is fitted apart
+(``echo.network.fit.fit_api_overheads``). Each timed repeat starts after a barrier, so ranks
+enter the op together, and the time of a repeat is the slowest rank's (an op is done when every
+rank is done).
 """
 
 from __future__ import annotations

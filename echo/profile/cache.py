@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
+import os
 import platform
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from echo.io import read_parquet, write_parquet
+from echo.io import read_parquet, write_json, write_parquet
 
 FILE = "cpu_kernels.parquet"
 INLOOP_FILE = "cpu_kernels_inloop.parquet"
@@ -102,3 +105,27 @@ def locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def measured_once(cache_dir: Path | None, file: str, method: str, measure: Callable[[], dict]) -> dict:
+    """A figure of this machine measured once per CPU model, torch version and ``method``:
+    read from ``{cache_dir}/{file}`` (``cached`` True), else ``measure()`` now, stamped with the
+    CPU, time and load and stored there. The file stays locked while measuring, so a second
+    profile job waits for the figure instead of measuring beside the first (two measurements
+    side by side would time each other's load)."""
+    ident = f"{cpu_model()}|{torch.__version__}|{method}"
+    if not cache_dir:
+        return {**_stamped(measure()), "cached": False}
+    path = Path(cache_dir) / file
+    with locked(path):
+        table = json.loads(path.read_text()) if path.is_file() else {}
+        if table.get(ident):
+            return {**table[ident], "cached": True}
+        table[ident] = _stamped(measure())
+        write_json(table, path)
+    return {**table[ident], "cached": False}
+
+
+def _stamped(row: dict) -> dict:
+    return {**row, "cpu": cpu_model(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

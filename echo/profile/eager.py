@@ -5,7 +5,7 @@ one (``inloop``). A real eager step runs the same kernels inside nn.Module calls
 engine: the engine's own work, gradient accumulation into ``.grad`` (not a traced op), allocation
 of every output and saved activation, and whatever those do to the caches. On the development
 machine a plain GPT micro-batch ran 5-7% slower eager than replayed, alone; with a second rank
-busy on the other core (the caches and memory bus are shared) another 3-5% (``colocated``).
+busy on the other core (the caches and memory bus are shared) another 1-3% (``colocated``).
 Both apply only where kernels run on the dispatching thread (``Hardware.host_synchronous``);
 GPU targets are modelled.
 
@@ -85,31 +85,9 @@ def colocation_factor(measured: dict, ranks_on_host: int) -> float:
 def step_overheads(cache_dir: Path | None) -> dict:
     """``eager_op_us`` and ``colocated`` with their provenance: cached for this CPU, torch
     version and method, else measured now (and cached)."""
-    import torch
-
-    from echo.io import write_json
     from echo.profile import cache
 
-    ident = f"{cache.cpu_model()}|{torch.__version__}|{METHOD}"
-    if not cache_dir:
-        return {**_measured_row(), "cached": False}
-    path = Path(cache_dir) / FILE
-    # held while measuring: a second profile job waits for this figure instead of measuring
-    # beside it (two measurements side by side would time each other's load)
-    with cache.locked(path):
-        table = json.loads(path.read_text()) if path.is_file() else {}
-        if table.get(ident):
-            return {**table[ident], "cached": True}
-        table[ident] = _measured_row()
-        write_json(table, path)
-    return {**table[ident], "cached": False}
-
-
-def _measured_row() -> dict:
-    from echo.profile import cache
-
-    return {**measure(), "cpu": cache.cpu_model(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return cache.measured_once(cache_dir, FILE, METHOD, measure)
 
 
 def measure() -> dict:

@@ -128,18 +128,14 @@ def measure_dtensor_call_us(pairs: int = PAIRS, warmup: int = WARMUP) -> dict:
 
 def dtensor_call_us(cache_dir: Path | None) -> dict:
     """The per-call overhead (``dtensor_call_us``) with its provenance: cached for this CPU,
-    torch version and method, else measured now in a fresh interpreter (and cached)."""
-    import torch
-
-    from echo.io import write_json
+    torch version and method, else measured now in fresh interpreters (and cached)."""
     from echo.profile import cache
 
-    ident = f"{cache.cpu_model()}|{torch.__version__}|{METHOD}"
-    path = Path(cache_dir) / FILE if cache_dir else None
-    if path is not None and path.is_file():
-        hit = json.loads(path.read_text()).get(ident)
-        if hit:
-            return {**hit, "cached": True}
+    return cache.measured_once(cache_dir, FILE, METHOD, _measure_in_processes)
+
+
+def _measure_in_processes() -> dict:
+    """``PROCESSES`` fresh interpreters one after the other; the middle one's figures."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     runs = []
     for _ in range(PROCESSES):
@@ -148,15 +144,7 @@ def dtensor_call_us(cache_dir: Path | None) -> dict:
             raise RuntimeError(f"measuring DTensor's host overhead failed:\n{proc.stderr[-3000:]}")
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     middle = sorted(runs, key=lambda r: r["dtensor_call_us"])[len(runs) // 2]
-    row = {**middle, "processes": [r["dtensor_call_us"] for r in runs], "cpu": cache.cpu_model(),
-           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "loadavg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
-    if path is not None:
-        with cache.locked(path):
-            table = json.loads(path.read_text()) if path.is_file() else {}
-            table[ident] = row
-            write_json(table, path)
-    return {**row, "cached": False}
+    return {**middle, "processes": [r["dtensor_call_us"] for r in runs]}
 
 
 if __name__ == "__main__":
