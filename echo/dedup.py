@@ -20,7 +20,7 @@ from echo.artifacts import RANK_CLASSES
 from echo.config.workload import Workload
 from echo.io import write_parquet
 from echo.trace import trace_ranks
-from echo.trace.layout import Layout
+from echo.training.layout import Layout
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "calibrate": ("echo.network", "echo.config"),
     "simulate": ("echo.simulate", "echo.config"),
     "report": ("echo.report",),
-    "measure": ("echo.validate.measure", "echo.validate.train", "echo.trace", "echo.config"),
+    "measure": ("echo.validate.measure", "echo.training.run", "echo.trace", "echo.config"),
     "validate": ("echo.validate", "echo.config"),
     "sweep": ("echo.sweep", "echo.config"),
 }

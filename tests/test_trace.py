@@ -10,7 +10,7 @@ import pytest
 from echo.config.workload import Workload
 from echo.dedup import AsymmetryError, rank_classes, verify
 from echo.trace import trace_ranks
-from echo.trace.layout import Coords, Layout
+from echo.training.layout import Coords, Layout
 
 B, S, H, L, V, HEADS = 2, 32, 64, 4, 256, 4
 

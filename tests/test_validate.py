@@ -21,7 +21,7 @@ from conftest import REPO, dry_run, job
 from echo.config import load_hardware, load_topology, load_workload
 from echo.config.loader import parse_workload
 from echo.errors import ConfigError
-from echo.trace.data_parallel import buckets
+from echo.training.data_parallel import buckets
 from echo.validate.compare import COMPARE, compare_table
 from echo.validate.measure import (
     MEASURED,
@@ -44,7 +44,7 @@ from echo.validate.published import (
     workload_yaml,
 )
 from echo.validate.targets import measured_here, validate_targets
-from echo.validate.train import EVENTS, bucket_members
+from echo.training.run import EVENTS, bucket_members
 
 HAVE_REFERENCE = (REFERENCE_DIR / "megatron_sc21_table1_a100.csv").is_file()
 needs_reference = pytest.mark.skipif(not HAVE_REFERENCE, reason="shared/reference is not next to this checkout")
@@ -313,7 +313,7 @@ def test_real_run_splits_layers_as_the_workload_does():
     the tracer does, and the measure stage's estimates count the rank holding the most layers."""
     from echo.config.workload import Workload
     from echo.validate.measure import estimate_rank_bytes, rank_layers
-    from echo.validate.train import build_chunks
+    from echo.training.run import build_chunks
 
     spec = load_workload("tiny-pp2-interleaved").model_dump()
     spec["model"]["layers"] = 6

@@ -15,7 +15,7 @@ workloads, so that the validation runs do not fit their own correction), as a on
 - predicted: traced (``echo.trace.step.trace_rank``), its kernels replayed as the profile stage
   replays them (``inloop.replay_in_processes``), summed over one micro-batch's forward and
   backward;
-- eager: the measure stage's own training loop (``echo.validate.train.Rank``, gloo world of one)
+- eager: the measure stage's own training loop (``echo.training.run.Rank``, gloo world of one)
   in one fresh interpreter per core at the measure stage's priority, forward and backward spans
   timed with the thread's CPU clock for ``DURATION_S``: each process alone (the others idle),
   then all side by side.
@@ -190,7 +190,7 @@ def _eager_main(port: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from echo.validate.train import Rank
+    from echo.training.run import Rank
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

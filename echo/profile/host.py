@@ -59,16 +59,16 @@ def measure_dtensor_call_us(pairs: int = PAIRS, warmup: int = WARMUP) -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from echo.config.workload import ModelConfig
-    from echo.trace.model import ModelChunk
     from echo.trace.recorder import _SHARDING_PROP_DEPTH, _mute_sharding_propagation
-    from echo.trace.tensor_parallel import apply_tensor_parallel
+    from echo.training.model import ModelChunk
+    from echo.training.tensor_parallel import apply_tensor_parallel
 
     torch.set_num_threads(1)
     cfg = ModelConfig(**REFERENCE)
     tokens = torch.randint(0, cfg.vocab, (MICRO_BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(0))
     labels = torch.randint(0, cfg.vocab, (MICRO_BATCH, cfg.seq_len), generator=torch.Generator().manual_seed(1))
 
-    def step(model) -> None:  # as echo.validate.train runs a micro-batch
+    def step(model) -> None:  # as echo.training.run runs a micro-batch
         out = model(tokens)
         if isinstance(out, DTensor):
             with loss_parallel():
@@ -121,7 +121,7 @@ def measure_dtensor_call_us(pairs: int = PAIRS, warmup: int = WARMUP) -> dict:
         "dtensor_call_us": max(0.0, statistics.median(diffs) / calls * 1e6),
         "q25_us": q[0] / calls * 1e6, "q75_us": q[2] / calls * 1e6,
         "calls_per_step": calls, "plain_step_ms": statistics.median(plain_s) * 1e3, "pairs": pairs,
-        "reference": {**REFERENCE, "micro_batch": MICRO_BATCH, "tp_plans": "echo.trace.tensor_parallel"},
+        "reference": {**REFERENCE, "micro_batch": MICRO_BATCH, "tp_plans": "echo.training.tensor_parallel"},
         "method": METHOD, "clock": "thread CPU time", "torch": torch.__version__,
     }
 

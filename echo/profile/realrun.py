@@ -1,13 +1,9 @@
 """A real training step of a one-rank workload on this CPU, recorded with ``torch.profiler``.
 
 It runs the step Echo traces for that workload, with real tensors: the same model chunk
-(``echo.trace.model.ModelChunk``, first and last), the same loss, and the optimizer step as the
-tracer records it: fused AdamW over flat fp32 buckets of the model's size (Megatron-LM's layout,
-sized by ``echo.trace.data_parallel.buckets``), then a cast of each bucket to the compute dtype
-when that is not fp32, after the gradient buckets are zeroed for the next step. Gradients are
-left where autograd put them, as ``p.grad = None`` between steps: Megatron's weight-gradient
-GEMMs write into the buckets directly, so a copy would be a kernel that neither Megatron nor the
-trace has; the update therefore runs on the buckets' own values, which changes no timing.
+(``echo.training.model.ModelChunk``, first and last), the same loss, and the optimizer step as the
+tracer records it (``echo.training.data_parallel.DataParallel``, its buckets not bound to the
+model: the update runs on the buckets' own values, which changes no timing).
 
 The profiled run gives a Chrome trace (for ``echo.profile.kineto``) and its measured step times
 (``ProfilerStep#N`` spans in the same file); unprofiled steps are timed too, to show what the
@@ -28,8 +24,7 @@ import torch.nn.functional as F
 from echo.config.workload import Workload
 from echo.io import atomic_path
 from echo.profile.measure import torch_threads
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from echo.training.model import DTYPES
 
 
 @dataclass(frozen=True)
@@ -65,8 +60,8 @@ def profile_step(w: Workload, out_json: Path, *, steps: int = 3, warmup: int = 2
     the profiler."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from echo.trace.data_parallel import buckets
-    from echo.trace.model import ModelChunk
+    from echo.training.data_parallel import DataParallel
+    from echo.training.model import ModelChunk
 
     check_runnable(w)
     out_json = Path(out_json)
@@ -83,23 +78,18 @@ def profile_step(w: Workload, out_json: Path, *, steps: int = 3, warmup: int = 2
         b, s, v = w.training.micro_batch, w.model.seq_len, w.model.vocab
         tokens = torch.randint(0, v, (b, s))
         labels = torch.randint(0, v, (b, s))
-        sizes = buckets([p.numel() for p in model.parameters()], 1)
-        state = [[torch.rand(n_) for _ in range(4)] for n_ in sizes]
-        steps_t = [torch.zeros(()) for _ in sizes]
+        # the optimizer step the tracer records: fused AdamW over flat fp32 buckets, zeroed
+        # for the next step, then cast to the compute dtype; the buckets are not bound, so
+        # gradients stay where autograd put them (Megatron's weight-gradient GEMMs write into
+        # the buckets directly: a copy would be a kernel neither Megatron nor the trace has)
+        dp = DataParallel([model], {"tp": None, "dp": None}, w.parallel, dtype)
 
         def step() -> None:
             for p in model.parameters():
                 p.grad = None
             logits = model(tokens)
             F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()).backward()
-            params, grads, m, v_ = (list(x) for x in zip(*state, strict=True))
-            torch._fused_adamw_(params, grads, m, v_, [], steps_t, lr=1e-4, beta1=0.9, beta2=0.95,
-                                weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
-            for g in grads:  # the buckets start the next step at zero, as the tracer records
-                g.zero_()
-            if dtype != torch.float32:
-                for p in params:
-                    p.to(dtype)
+            dp.step()
 
         profiled: list[float] = []
         cpu: list[float] = []

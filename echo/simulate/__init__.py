@@ -9,7 +9,7 @@ mode, for small jobs and to check symmetric mode). summary.py accounts for time,
 memory, perfetto.py writes the timeline, stage.py is the stage entry point.
 
 Names are imported on first use (by module name, not by import statements): other stages import
-``echo.simulate.schedule`` (the one definition of the pipeline orders), and their code versions
+``echo.training.schedule`` (the one definition of the pipeline orders), and their code versions
 (echo.versioning follows import statements) should not change with the engine's code.
 """
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from echo.simulate.chunk import Program, RankCosts, Run, replay
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import with_buckets, with_overlaps, with_param_gather
-from echo.simulate.schedule import Task
+from echo.training.schedule import Task
 
 _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its virtual stage)
 

@@ -37,7 +37,7 @@ from echo.simulate.engine import (
     task_label,
 )
 from echo.simulate.gpu import Gpu
-from echo.simulate.schedule import Task
+from echo.training.schedule import Task
 
 MESH = ("pp", "dp", "cp", "tp")
 

@@ -27,8 +27,8 @@ from echo.simulate.chunk import CommTimer, OpContext, RankCosts, reduce_rank, sl
 from echo.simulate.engine import EngineOptions, simulate
 from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
 from echo.simulate.perfetto import chrome_trace, timeline_table
-from echo.simulate.schedule import stage_orders
 from echo.simulate.summary import ClassInfo, summary_table
+from echo.training.schedule import stage_orders
 
 MODES = ("symmetric", "full")
 FULL_MODE_MAX_RANKS = 4096  # full mode replays every rank: beyond this it takes minutes to hours

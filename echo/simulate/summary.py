@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from echo.simulate.chunk import RankCosts
 from echo.simulate.engine import EngineResult
-from echo.simulate.schedule import Task, in_flight
+from echo.training.schedule import Task, in_flight
 
 GIB = 1 << 30
 EXPOSED_KINDS = ("tp", "cp", "ep", "dp", "edp", "dpcp", "pp")  # columns exposed_{kind}_s; others -> other

@@ -12,7 +12,7 @@ import hashlib
 
 import pyarrow as pa
 
-from echo.trace.layout import Layout
+from echo.training.layout import Layout
 
 # Shapes and dtype, not the full arguments: scalar arguments can hold a rank's shard offset
 # (e.g. the vocabulary range of a vocabulary-parallel embedding) without changing the kernel.

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 from echo.artifacts import COMMS, DEPS, OPS, SCHEDULE, TRACED_RANKS
 from echo.config.workload import Workload
 from echo.io import write_parquet
-from echo.trace.layout import Layout
 from echo.trace.schedule_table import schedule_table
+from echo.training.layout import Layout
 
 log = logging.getLogger(__name__)
 TABLES = {"ops": OPS, "comms": COMMS, "deps": DEPS, "ranks": TRACED_RANKS}

@@ -1,7 +1,7 @@
 """The pipeline's send/recv sequence of every traced rank, in the workload's schedule order.
 
 The tracer records one forward and one backward per model chunk (their p2p included); the
-schedule (echo.simulate.schedule, the one definition the simulator also runs) says in which
+schedule (echo.training.schedule, the one definition the simulator also runs) says in which
 order each stage runs those passes over the micro-batches. Expanding one by the other gives the
 micro-batch order and the p2p pattern of the iteration, as a table to audit.
 """
@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from echo.artifacts import SCHEDULE
 from echo.config.workload import Workload
-from echo.simulate.schedule import stage_orders
-from echo.trace.layout import Layout
+from echo.training.layout import Layout
+from echo.training.schedule import stage_orders
 
 _PHASE = {"F": "forward", "B": "backward"}
 

@@ -24,13 +24,11 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from echo.artifacts import TRACED_RANKS
 from echo.config.workload import Workload
-from echo.trace import data_parallel, fsdp
-from echo.trace.layout import Layout
-from echo.trace.model import ModelChunk
 from echo.trace.recorder import Recorder
-from echo.trace.tensor_parallel import apply_tensor_parallel
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from echo.training import data_parallel, fsdp
+from echo.training.layout import Layout
+from echo.training.model import DTYPES, build_chunks
+from echo.training.tensor_parallel import apply_tensor_parallel
 
 
 class _ActivationMeter:
@@ -66,15 +64,6 @@ def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     return groups
 
 
-def _chunks(w: Workload, pp_rank: int, rec: Recorder) -> list[ModelChunk]:
-    p = w.parallel
-    layers = p.layers_of(w.model.layers)
-    return [ModelChunk(w.model, layers[c * p.pp + pp_rank], first=pp_rank == 0 and c == 0,
-                     last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
-                     recompute=w.training.recompute, hook=rec.recompute, ep=p.ep)
-            for c in range(p.virtual_stages)]
-
-
 def _peer(layout: Layout, rank: int, chunk: int, step: int, v: int) -> int | None:
     """The rank holding the neighbouring virtual stage (interleaving wraps around the pipeline)."""
     pp = layout.sizes["pp"]
@@ -105,7 +94,7 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         # FSDP keeps fp32 master parameters and all-gathers them in the compute dtype
         torch.set_default_dtype(torch.float32 if p.zero == 3 else dtype)
         with rec, rec.muted():
-            chunks = _chunks(w, layout.coords(rank).pp, rec)
+            chunks = build_chunks(w, layout.coords(rank).pp, rec.recompute)
         # parallel plans must be applied outside the fake mode (TRACING-NOTES)
         with rec.muted():
             _parallelize(w, layout, rank, groups, chunks, dtype)
@@ -113,7 +102,9 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         meter = _ActivationMeter(data_parallel.local_params(chunks))
         with rec:
             _microbatch(w, layout, rank, rec, chunks, meter, dtype)
-            data_parallel.grad_sync_and_step(rec, chunks, groups, p, dtype)
+            dp = data_parallel.DataParallel(chunks, groups, p, dtype, rec=rec)
+            dp.grad_sync()
+            dp.step()
         mem = data_parallel.rank_memory(chunks, groups, p, dtype, _unsharded_peak(chunks, p))
         c = layout.coords(rank)
         ranks = pa.table({

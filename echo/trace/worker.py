@@ -14,8 +14,8 @@ from pathlib import Path
 from echo.config.workload import Workload
 from echo.io import write_parquet
 from echo.trace.hashing import graph_hash
-from echo.trace.layout import Layout
 from echo.trace.step import trace_rank
+from echo.training.layout import Layout
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """The measure stage: run the real multi-process training of a workload on this machine and time it.
 
-``run_measure(workload, out_dir)`` starts one process per rank (``python -m echo.validate.train``,
+``run_measure(workload, out_dir)`` starts one process per rank (``python -m echo.training.run``,
 torch.distributed over gloo on 127.0.0.1, one intra-op thread each, as the profile stage times
 kernels), warms up, times ``iters`` steps and profiles one more. It writes
 
@@ -40,7 +40,7 @@ from echo.config.workload import Workload
 from echo.errors import ConfigError
 from echo.io import write_parquet
 from echo.ranks import prioritize
-from echo.trace.layout import Layout
+from echo.training.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def _launch(spec_path: Path, world: int, tmp: Path, priority: str = "none") -> l
     procs = []
     for rank in range(world):
         with (tmp / f"rank{rank}.log").open("w") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "echo.validate.train", str(spec_path), str(rank)],
+            procs.append(subprocess.Popen([sys.executable, "-m", "echo.training.run", str(spec_path), str(rank)],
                                           env=env, stdout=out, stderr=subprocess.STDOUT,
                                           preexec_fn=functools.partial(_prioritize, priority)))
     return procs

@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from echo.trace.layout import Coords, Layout
+from echo.training.layout import Coords, Layout
 
 
 def dp_tp_mesh(layout: Layout, rank: int, groups: dict) -> DeviceMesh:

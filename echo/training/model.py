@@ -8,72 +8,17 @@ attention and MLP module names its column- and row-parallel linears (COLWISE, RO
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 
 import torch
-import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from echo.config.workload import ModelConfig
+from echo.config.workload import ModelConfig, Workload
+from echo.training import llama, moe
+from echo.training.layers import RecomputeHook, attention_core, dropout, recomputed
 
-RecomputeHook = Callable[[], AbstractContextManager]
-
-
-def recomputed(fn: Callable, hook: RecomputeHook) -> Callable:
-    """Activation checkpointing of ``fn`` whose second run (the recompute inside backward) runs
-    under ``hook()``, so that the tracer labels those ops as recompute."""
-    calls = [0]
-
-    def run(*args):
-        calls[0] += 1
-        with hook() if calls[0] > 1 else nullcontext():
-            return fn(*args)
-
-    def checkpointed(*args):
-        # Megatron-LM recomputes the whole layer; PyTorch's early stop would skip its tail
-        with set_checkpoint_early_stop(False):
-            return checkpoint(run, *args, use_reentrant=False)
-
-    return checkpointed
-
-
-def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Dropout as GPUs run it: native_dropout keeps a 1-byte mask for backward (the CPU's
-    F.dropout keeps a scaled noise tensor in the input's dtype instead)."""
-    return torch.native_dropout(x, p, True)[0] if p else x
-
-
-def math_attention(q, k, v, p_drop: float) -> torch.Tensor:
-    """Unfused causal attention: scores, masked softmax, dropout, PV (each its own kernel, and
-    the s x s probabilities kept for backward, as Korthikanti et al. count them)."""
-    scores = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    s_q, s_k = scores.shape[-2:]
-    mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).triu(1)
-    probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    return torch.matmul(dropout(probs, p_drop), v)
-
-
-def attention_core(q, k, v, selective: bool, hook: RecomputeHook, cp_group=None,
-                   kind: str = "flash", dropout: float = 0.0) -> torch.Tensor:
-    """Causal attention; selective recompute (Korthikanti et al.) re-runs it inside backward.
-
-    Context parallelism (``cp_group``): each rank holds 1/cp of the sequence and all-gathers the
-    keys and values of the whole sequence (Llama 3's all-gather CP; backward reduce-scatters their
-    gradients). Its queries then attend to all keys; with Megatron's load-balanced assignment
-    (chunks i and 2cp-1-i per rank) the causal work per rank is half of that block, which is what
-    ``is_causal`` tells the kernel and the cost model (the mask's alignment is not modelled)."""
-    if cp_group is not None:
-        k = funcol.all_gather_tensor_autograd(k.contiguous(), 2, cp_group)
-        v = funcol.all_gather_tensor_autograd(v.contiguous(), 2, cp_group)
-    if kind == "math":
-        core = lambda q, k, v: math_attention(q, k, v, dropout)  # noqa: E731
-    else:
-        core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)  # noqa: E731
-    return recomputed(core, hook)(q, k, v) if selective else core(q, k, v)
-
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 class Attention(nn.Module):
     """GPT attention: fused QKV (per-head [q, k, v] layout, as Megatron-LM) and an output projection."""
@@ -113,8 +58,6 @@ class MLP(nn.Module):
 def _parts(cfg: ModelConfig, recompute: str, hook: RecomputeHook, ep: int):
     """(norm class, attention, MLP) of one layer of ``cfg.arch``; a mixture of experts replaces
     the MLP when ``cfg.experts`` > 0."""
-    from echo.trace import llama, moe
-
     if cfg.arch == "llama":
         norm, attn, mlp = nn.RMSNorm, llama.Attention(cfg, recompute, hook), llama.MLP
     else:
@@ -176,4 +119,14 @@ class ModelChunk(nn.Module):
         return x
 
 
-GPTChunk = ModelChunk  # the name other modules used before llama joined
+
+def build_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[ModelChunk]:
+    """The model chunks of pipeline rank ``pp_rank`` (one per virtual stage, interleaved layout:
+    chunk c holds virtual stage c * pp + pp_rank), as the tracer and the real runs build them;
+    ``hook`` labels recomputed ops (the tracer's recorder)."""
+    p = w.parallel
+    layers = p.layers_of(w.model.layers)
+    return [ModelChunk(w.model, layers[c * p.pp + pp_rank], first=pp_rank == 0 and c == 0,
+                       last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
+                       recompute=w.training.recompute, hook=hook, ep=p.ep)
+            for c in range(p.virtual_stages)]

@@ -1,14 +1,11 @@
-"""One rank of a real training run on this CPU: ``python -m echo.validate.train SPEC_JSON RANK``.
+"""One rank of a real training run on this CPU: ``python -m echo.training.run SPEC_JSON RANK``.
 
 The same job the tracer records, run for real with torch.distributed over gloo: the reference
-model (``echo.trace.model.ModelChunk``, built by the tracer's own chunk builder) for this rank's
-pipeline stage,
-tensor-parallel with the tracer's own DTensor plans (``apply_tensor_parallel``) over a real
-DeviceMesh, the pipeline schedule of the simulator (``echo.simulate.schedule.stage_orders``)
-with real sends and receives, and Megatron-style data parallelism as ``echo.trace.data_parallel``
-records it: gradients accumulate in place into flat fp32 buckets (the tracer's bucket sizing),
-which are all-reduced (ZeRO 0) or reduce-scattered (ZeRO 1/2) after the last backward, then
-fused AdamW updates the local shard and ZeRO 1/2 all-gathers the parameters.
+model chunks of this rank's pipeline stage (``echo.training.model.build_chunks``), tensor-parallel
+with the same DTensor plans (``apply_tensor_parallel``) over a real DeviceMesh, the pipeline
+schedule the simulator runs (``echo.training.schedule.stage_orders``) with real sends and
+receives, and the data parallelism the tracer records (``echo.training.data_parallel``, with the
+parameters and gradients bound into its flat fp32 buckets).
 
 Each step starts after a barrier; every task (forward, backward, the waits for pipeline
 receives and sends, gradient reduction, optimizer) is timed with the monotonic clock, which all
@@ -25,23 +22,20 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from echo.config.workload import Workload
-from echo.trace.data_parallel import BUCKET_ELEMENTS, buckets
-from echo.trace.layout import Layout
-from echo.trace.tensor_parallel import apply_tensor_parallel
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-ADAMW = dict(lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
+from echo.training.data_parallel import DataParallel, local_tensor
+from echo.training.layout import Layout
+from echo.training.model import DTYPES, build_chunks
+from echo.training.schedule import stage_orders
+from echo.training.tensor_parallel import apply_tensor_parallel
 
 EVENTS = pa.schema([
     ("rank", pa.int32()), ("iteration", pa.int32()), ("profiled", pa.bool_()),
@@ -79,136 +73,6 @@ def make_groups(layout: Layout, rank: int) -> dict[str, dist.ProcessGroup | None
             if rank in ranks:
                 out[dim] = group
     return out
-
-
-class _NoRecorder:
-    """What the tracer's chunk builder asks of its recorder: a context for recomputed ops."""
-
-    recompute = staticmethod(nullcontext)
-
-
-def build_chunks(w: Workload, pp_rank: int) -> list[nn.Module]:
-    """This stage's model chunks, built by the tracer's own builder (echo.trace.step)."""
-    from echo.trace.step import _chunks
-
-    return _chunks(w, pp_rank, _NoRecorder())
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
-# --- data parallelism: flat buckets, reduction, fused AdamW ----------------------------------
-
-
-def bucket_members(numels: list[int], dp: int) -> list[list[int]]:
-    """Parameter indices of each bucket, filled in backward order exactly as
-    ``echo.trace.data_parallel.buckets`` sizes them."""
-    limit = max(BUCKET_ELEMENTS, 1_000_000 * dp)
-    members, current, total = [], [], 0
-    for i in reversed(range(len(numels))):
-        current.append(i)
-        total += numels[i]
-        if total >= limit:
-            members.append(current)
-            current, total = [], 0
-    if current:
-        members.append(current)
-    return members
-
-
-@dataclass
-class _Bucket:
-    grad: torch.Tensor                 # fp32, the gradients of its parameters, in place
-    param: torch.Tensor                # compute dtype, the parameters, in place
-    master: torch.Tensor               # fp32 master weights (the param buffer itself when fp32)
-    shard: slice                       # this rank's part of the optimizer update
-    exp_avg: torch.Tensor = field(default=None)  # type: ignore[assignment]
-    exp_avg_sq: torch.Tensor = field(default=None)  # type: ignore[assignment]
-    step: torch.Tensor = field(default=None)  # type: ignore[assignment]
-
-
-class DataParallel:
-    """Megatron-LM's DDP + distributed optimizer on flat buffers (echo.trace.data_parallel)."""
-
-    def __init__(self, chunks: list[nn.Module], dp_group, dp: int, dp_rank: int, zero: int, dtype: torch.dtype):
-        if zero > 2:
-            raise ValueError("ZeRO 3 is not run by the measure stage yet")
-        self.group, self.dp, self.zero, self.dtype = dp_group, dp, zero, dtype
-        params = [p for c in chunks for p in c.parameters()]
-        numels = [_local(p).numel() for p in params]
-        sizes = buckets(numels, dp)
-        members = bucket_members(numels, dp)
-        self.buckets: list[_Bucket] = []
-        # fp32 gradients can be the parameters' own .grad (accumulated in place by autograd);
-        # other dtypes keep .grad in the compute dtype and are copied into the fp32 bucket
-        self.in_place = dtype == torch.float32
-        self.copies: list[tuple[torch.Tensor, nn.Parameter]] = []
-        for size, idx in zip(sizes, members, strict=True):
-            if size != -(-sum(numels[i] for i in idx) // dp) * dp:
-                raise AssertionError("bucket assignment disagrees with echo.trace.data_parallel.buckets")
-            grad = torch.zeros(size, dtype=torch.float32)
-            param = torch.zeros(size, dtype=dtype)
-            off = 0
-            with torch.no_grad():
-                for i in idx:
-                    p, n = params[i], numels[i]
-                    local = _local(p)
-                    view = param[off:off + n].view_as(local)
-                    view.copy_(local)
-                    local.data = view  # the parameter now lives in the flat buffer
-                    gview = grad[off:off + n].view_as(local)
-                    if self.in_place:
-                        p.grad = (DTensor.from_local(gview, p.device_mesh, p.placements, run_check=False)
-                                  if isinstance(p, DTensor) else gview)
-                    else:
-                        self.copies.append((gview, p))
-                    off += n
-            master = param if dtype == torch.float32 else param.float()
-            shard_len = size // dp if zero >= 1 else size
-            start = dp_rank * shard_len if zero >= 1 else 0
-            b = _Bucket(grad=grad, param=param, master=master, shard=slice(start, start + shard_len))
-            b.exp_avg = torch.zeros(shard_len)
-            b.exp_avg_sq = torch.zeros(shard_len)
-            b.step = torch.zeros((), dtype=torch.float32)
-            self.buckets.append(b)
-        self.params = params
-
-    def zero_grad(self) -> None:
-        for b in self.buckets:
-            b.grad.zero_()
-        if not self.in_place:
-            for p in self.params:
-                p.grad = None
-
-    def grad_sync(self) -> None:
-        """Reduce each bucket over dp, in bucket order (as the trace records grad_sync)."""
-        for gview, p in self.copies:
-            gview.copy_(_local(p.grad))
-        if self.dp < 2:
-            return
-        for b in self.buckets:
-            if self.zero == 0:
-                dist.all_reduce(b.grad, group=self.group)
-            else:
-                out = b.grad[b.shard]
-                dist.reduce_scatter_single(out, b.grad, group=self.group)
-
-    def step(self) -> None:
-        """Fused AdamW on the local shards, then (ZeRO 1/2) all-gather the parameters."""
-        shards = [(b.master[b.shard], b.grad[b.shard], b.exp_avg, b.exp_avg_sq, b.step) for b in self.buckets]
-        params, grads, m, v, steps = (list(x) for x in zip(*shards, strict=True))
-        torch._foreach_add_(steps, 1.0)
-        torch._fused_adamw_(params, grads, m, v, [], steps, **ADAMW)
-        for b in self.buckets:
-            if self.dtype != torch.float32:
-                half = b.master[b.shard].to(self.dtype)
-                if self.zero == 0 or self.dp < 2:
-                    b.param.copy_(half)
-            else:
-                half = b.param[b.shard]
-            if self.dp > 1 and self.zero >= 1:  # in place for fp32, as Megatron's param buffer
-                dist.all_gather_single(b.param, half, group=self.group)
 
 
 # --- the pipeline --------------------------------------------------------------------------
@@ -252,8 +116,6 @@ class Rank:
     """One rank's model, data and schedule; ``step()`` runs one training iteration."""
 
     def __init__(self, w: Workload, rank: int, seed: int = 1234):
-        from echo.simulate.schedule import stage_orders
-
         self.w, self.rank, self.layout = w, rank, Layout(w.parallel)
         p, t = w.parallel, w.training
         self.coords = self.layout.coords(rank)
@@ -271,7 +133,7 @@ class Rank:
                     apply_tensor_parallel(c, mesh, True)
                 else:
                     apply_tensor_parallel(c, mesh)
-        self.dp = DataParallel(self.chunks, self.groups["dp"], p.dp, self.coords.dp, p.zero, self.dtype)
+        self.dp = DataParallel(self.chunks, self.groups, p, self.dtype, bind=True, dp_rank=self.coords.dp)
         self.order = stage_orders(p.schedule, p.pp, w.micro_batches, p.virtual_stages)[self.coords.pp]
         b, s = t.micro_batch, w.model.seq_len
         gen = torch.Generator().manual_seed(seed + 7 * self.coords.dp)  # dp replicas read other data
@@ -438,7 +300,7 @@ def run_rank(spec: dict, rank: int) -> None:
     _write(pa.Table.from_pylist(prof_rows, schema=PROFILE), out / f"profile{rank}.arrow")
     (out / f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "losses": r.losses, "threads": torch.get_num_threads(), "scheduling": scheduling(),
-        "param_checksum": float(sum(_local(p).detach().double().sum() for p in r.dp.params)),
+        "param_checksum": float(sum(local_tensor(p).detach().double().sum() for c in r.chunks for p in c.parameters())),
     }))
 
 

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from echo.config.workload import ModelConfig
-from echo.trace.model import RecomputeHook, attention_core
+from echo.training.layers import RecomputeHook, attention_core
 
 ROPE_THETA = 500_000.0  # Llama 3's base frequency
 

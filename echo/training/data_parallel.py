@@ -1,0 +1,303 @@
+"""Data-parallel gradient reduction and the optimizer step, as Megatron-LM's DDP and distributed
+optimizer run them: one implementation for the tracer and the real runs on this CPU.
+
+Gradients live in flat fp32 buckets (Megatron accumulates bf16 gradients in fp32, and buckets
+them so reduction overlaps backward): ZeRO 0 all-reduces each bucket; ZeRO 1 and 2 reduce-scatter
+it, update the local 1/dp shard with fused AdamW on fp32 master weights, then all-gather the
+updated parameters in the compute dtype.
+
+The tracer passes its recorder (``rec``): buffers are built muted, since on a GPU the gradients
+are written into the buckets in place and there is no copy kernel to record. The real runs pass
+none; the measure stage also ``bind``s the parameters and gradients into the buckets, as
+Megatron's param and grad buffers hold them, so that the update trains the model.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+BUCKET_ELEMENTS = 40_000_000  # Megatron-LM's default DDP bucket size (elements)
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Bytes one rank holds for its parameters, gradients and optimizer state."""
+
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+
+def local_params(modules: list[nn.Module]) -> list[torch.Tensor]:
+    """Parameters as this rank stores them (local shards of DTensors)."""
+    out = []
+    for m in modules:
+        for p in m.parameters():
+            out.append(p.to_local() if isinstance(p, DTensor) else p)
+    return out
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the tensor itself otherwise)."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def buckets(numels: list[int], dp: int) -> list[int]:
+    """Bucket sizes in elements, filled in backward order (last parameters' gradients are ready
+    first), each padded to a multiple of dp so it splits evenly into shards."""
+    limit = max(BUCKET_ELEMENTS, 1_000_000 * dp)
+    sizes, current = [], 0
+    for n in reversed(numels):
+        current += n
+        if current >= limit:
+            sizes.append(current)
+            current = 0
+    if current:
+        sizes.append(current)
+    return [-(-s // dp) * dp for s in sizes]
+
+
+def bucket_members(numels: list[int], dp: int) -> list[list[int]]:
+    """Parameter indices of each bucket, in the order ``buckets`` fills them."""
+    limit = max(BUCKET_ELEMENTS, 1_000_000 * dp)
+    members, current, total = [], [], 0
+    for i in reversed(range(len(numels))):
+        current.append(i)
+        total += numels[i]
+        if total >= limit:
+            members.append(current)
+            current, total = [], 0
+    if current:
+        members.append(current)
+    return members
+
+
+def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsharded_peak: int = 0) -> MemoryModel:
+    """Megatron's accounting: compute-dtype params, fp32 grads, fp32 Adam moments (+ fp32 master
+    weights when params are not fp32); ZeRO 1 shards optimizer state over dp, ZeRO 2 gradients too.
+
+    ZeRO 3 (FSDP, ``numel`` = this rank's shard): fp32 sharded parameters double as master
+    weights, fp32 sharded gradients and moments, plus ``unsharded_peak`` elements of gathered
+    compute-dtype parameters alive at once (the current and the prefetched layer)."""
+    pbytes = torch.empty((), dtype=param_dtype).element_size()
+    if zero == 3:
+        return MemoryModel(param_bytes=4 * numel + pbytes * unsharded_peak, grad_bytes=4 * numel,
+                           optimizer_bytes=8 * numel)
+    master = 4 if pbytes != 4 else 0
+    grad = 4 * numel // (dp if zero >= 2 else 1)
+    optim = (master + 8) * numel // (dp if zero >= 1 else 1)
+    return MemoryModel(param_bytes=pbytes * numel, grad_bytes=grad, optimizer_bytes=optim)
+
+
+def tp_partial_grad_numel(modules: list[nn.Module], sequence_parallel: bool) -> int:
+    """Elements of gradients that each tensor-parallel rank holds only a part of under sequence
+    parallelism, because each rank's copy saw only its 1/tp of the sequence: the norms (partial
+    DTensor gradients) and the plain replicated parameters (position embedding, router, experts)."""
+    if not sequence_parallel:
+        return 0
+    n = 0
+    for m in modules:
+        for p in m.parameters():
+            g = p.grad
+            if isinstance(g, DTensor):
+                n += p.to_local().numel() if any(pl.is_partial() for pl in g.placements) else 0
+            else:
+                n += p.numel()
+    return n
+
+
+@dataclass(frozen=True)
+class ReductionSet:
+    """Parameters whose gradients one data-parallel group reduces."""
+
+    numels: list[int]
+    group: object      # the process group (None when of size 1)
+    size: int
+    params: list[nn.Parameter]
+
+
+def reduction_sets(modules: list[nn.Module], groups: dict, parallel) -> list[ReductionSet]:
+    """Dense parameters reduce over dp; expert parameters over the ranks holding the same
+    experts (edp, dp / ep of them)."""
+    from echo.training.moe import MoE
+
+    experts = {id(p) for m in modules for mod in m.modules() if isinstance(mod, MoE)
+               for p in (mod.w1, mod.w2, mod.w3)}
+    dense, expert = [], []
+    for m in modules:
+        for p in m.parameters():
+            (expert if id(p) in experts else dense).append(p)
+    numels = [[local_tensor(p).numel() for p in ps] for ps in (dense, expert)]
+    # context-parallel ranks hold the same parameters too: dense gradients reduce over dp x cp
+    dense_group = groups["dpcp"] if parallel.cp > 1 else groups["dp"]
+    sets = [ReductionSet(numels[0], dense_group, parallel.dp * parallel.cp, dense)]
+    if expert:
+        sets.append(ReductionSet(numels[1], groups.get("edp"), parallel.dp // parallel.ep, expert))
+    return sets
+
+
+class _Unrecorded:
+    """The recorder a real run has: nothing is muted, no phase is labelled."""
+
+    @staticmethod
+    def muted():
+        return nullcontext()
+
+    @staticmethod
+    def phase(*args, **kwargs):
+        return nullcontext()
+
+
+ADAMW = dict(lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)
+
+
+@dataclass
+class Bucket:
+    """One flat gradient bucket and the optimizer state of this rank's part of it."""
+
+    grad: torch.Tensor       # fp32, the bucket's gradients (reduced over the group)
+    out: torch.Tensor        # where ZeRO 1/2's reduce-scatter writes this rank's shard
+    master: torch.Tensor     # fp32 master weights of the shard the optimizer updates
+    update: torch.Tensor     # the gradient shard the optimizer reads
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    step: torch.Tensor
+    param: torch.Tensor | None  # the compute-dtype parameter buffer (bound runs), else None
+    gathered: torch.Tensor   # where ZeRO 1/2's parameter all-gather writes
+
+
+class DataParallel:
+    """The gradient buckets of one rank's modules, their reduction and the optimizer step.
+
+    ``groups`` maps mesh dimension (tp, dp, dpcp, edp, ...) to this rank's process group (None
+    when of size 1); ``parallel`` is the workload's ParallelConfig. ``rec``: the tracer's
+    recorder (None for a real run); ``bind``: keep the parameters and gradients in the buckets
+    (the measure stage's real training; needs ZeRO <= 2)."""
+
+    def __init__(self, modules: list[nn.Module], groups: dict, parallel, dtype: torch.dtype, *,
+                 rec=None, bind: bool = False, dp_rank: int = 0):
+        if bind and parallel.zero > 2:
+            raise ValueError("ZeRO 3 is not run with bound buckets (the measure stage) yet")
+        self.modules, self.groups, self.parallel, self.dtype = modules, groups, parallel, dtype
+        self.rec = rec if rec is not None else _Unrecorded()
+        self.bind = bind
+        # fp32 gradients can be the parameters' own .grad (accumulated in place by autograd);
+        # other dtypes keep .grad in the compute dtype and are copied into the fp32 bucket
+        self.copies: list[tuple[torch.Tensor, nn.Parameter]] = []
+        self.sets = reduction_sets(modules, groups, parallel)
+        with self.rec.muted():
+            self.buckets = [self._buckets(rs, dp_rank) for rs in self.sets]
+
+    def _buckets(self, rs: ReductionSet, dp_rank: int) -> list[Bucket]:
+        dp, zero, f32 = rs.size, self.parallel.zero, torch.float32
+        # under ZeRO 3, FSDP already reduce-scattered each layer's gradients in backward, and the
+        # local parameters are the 1/dp shards the optimizer updates
+        sizes = buckets(rs.numels, 1 if zero == 3 else dp)
+        members = bucket_members(rs.numels, 1 if zero == 3 else dp)
+        out = []
+        for size, idx in zip(sizes, members, strict=True):
+            n = size // dp if zero in (1, 2) else size
+            grad = torch.zeros(size, dtype=f32)
+            param = self._bind(rs, idx, grad, size) if self.bind else None
+            if param is not None:
+                start = dp_rank * n if zero >= 1 else 0
+                master = (param if self.dtype == f32 else param.float())[start:start + n]
+                update, shard_out, gathered = grad[start:start + n], grad[start:start + n], param
+            else:
+                master, update = torch.zeros(n, dtype=f32), torch.zeros(n, dtype=f32)
+                shard_out = torch.empty(size // dp, dtype=f32)
+                gathered = torch.empty(n * dp, dtype=self.dtype)
+            out.append(Bucket(grad, shard_out, master, update, torch.zeros(n, dtype=f32),
+                              torch.zeros(n, dtype=f32), torch.zeros((), dtype=f32), param, gathered))
+        return out
+
+    def _bind(self, rs: ReductionSet, idx: list[int], grad: torch.Tensor, size: int) -> torch.Tensor:
+        """Move the parameters ``idx`` of ``rs`` into a flat buffer, their gradients into ``grad``."""
+        param = torch.zeros(size, dtype=self.dtype)
+        off = 0
+        with torch.no_grad():
+            for i in idx:
+                p, n = rs.params[i], rs.numels[i]
+                local = local_tensor(p)
+                view = param[off:off + n].view_as(local)
+                view.copy_(local)
+                local.data = view  # the parameter now lives in the flat buffer
+                gview = grad[off:off + n].view_as(local)
+                if self.dtype == torch.float32:
+                    p.grad = (DTensor.from_local(gview, p.device_mesh, p.placements, run_check=False)
+                              if isinstance(p, DTensor) else gview)
+                else:
+                    self.copies.append((gview, p))
+                off += n
+        return param
+
+    def zero_grad(self) -> None:
+        """Gradients the buckets do not hold start the next step unset (autograd writes them anew)."""
+        for _, p in self.copies:
+            p.grad = None
+
+    def grad_sync(self) -> None:
+        """Reduce each bucket over its group, in bucket order (phase grad_sync)."""
+        rec, tp = self.rec, self.groups.get("tp")
+        partial = tp_partial_grad_numel(self.modules, self.parallel.sequence_parallel)
+        if partial and tp is not None:
+            # Megatron all-reduces sequence-parallel gradients over tp in one coalesced buffer
+            with rec.muted():
+                buf = torch.empty(partial, dtype=torch.float32)
+            with rec.phase("grad_sync", blocking=True):
+                dist.all_reduce(buf, group=tp)
+        for gview, p in self.copies:
+            gview.copy_(local_tensor(p.grad))
+        zero = self.parallel.zero
+        # plain c10d calls, as Megatron's DDP makes them (DTensor's functional collectives cost
+        # more on a host-synchronous CPU: network api_overheads)
+        with rec.phase("grad_sync", blocking=False, stream="comm"):
+            for rs, bs in zip(self.sets, self.buckets, strict=True):
+                for b in bs:
+                    if rs.size > 1 and zero == 0:
+                        dist.all_reduce(b.grad, group=rs.group)
+                    elif rs.size > 1 and zero in (1, 2):
+                        dist.reduce_scatter_single(b.out, b.grad, group=rs.group)
+
+    def step(self) -> None:
+        """Fused AdamW on the local shards, the buckets zeroed for the next step, then (ZeRO 1/2)
+        the parameters all-gathered in the compute dtype (phase optimizer)."""
+        rec, zero, dtype = self.rec, self.parallel.zero, self.dtype
+        flat = [b for bs in self.buckets for b in bs]
+        with rec.phase("optimizer"):
+            steps = [b.step for b in flat]
+            with rec.muted():  # apex / TE fused Adam take the step count as a host scalar
+                torch._foreach_add_(steps, 1.0)
+            torch._fused_adamw_([b.master for b in flat], [b.update for b in flat],
+                                [b.exp_avg for b in flat], [b.exp_avg_sq for b in flat], [], steps, **ADAMW)
+            # the gradients are consumed: their buffers start the next step at zero (Megatron's
+            # zero_grad_buffer), a fill of every bucket, done before the parameter all-gathers as
+            # when it opens the next step. FSDP2 drops its sharded gradients instead.
+            for b in flat if zero < 3 else []:
+                b.grad.zero_()
+            for rs, bs in zip(self.sets, self.buckets, strict=True):
+                for b in bs if zero < 3 else []:  # FSDP gathers in the compute dtype itself
+                    half = b.master.to(dtype) if dtype != torch.float32 else b.master
+                    if rs.size > 1 and zero >= 1:
+                        dist.all_gather_single(b.gathered, half, group=rs.group)
+                    elif b.param is not None and dtype != torch.float32:
+                        with rec.muted():  # on a GPU the cast writes the parameter buffer itself
+                            b.param.copy_(half)
+
+
+def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,
+                unsharded_peak: int = 0) -> MemoryModel:
+    """memory_model summed over the reduction sets (expert state shards over edp, not dp)."""
+    sets = reduction_sets(modules, groups, parallel)
+    # the gathered-parameter peak of FSDP belongs to the dense set (experts are not FSDP-sharded)
+    parts = [memory_model(sum(rs.numels), param_dtype, parallel.zero, rs.size, unsharded_peak if i == 0 else 0)
+             for i, rs in enumerate(sets)]
+    return MemoryModel(param_bytes=sum(m.param_bytes for m in parts),
+                       grad_bytes=sum(m.grad_bytes for m in parts),
+                       optimizer_bytes=sum(m.optimizer_bytes for m in parts))
