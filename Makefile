@@ -1,5 +1,5 @@
 # Echo: the usual entry points. Everything runs from .venv (made by `make venv`).
-.PHONY: venv run test lint bench clean distclean validate test-slurm status sweeps report
+.PHONY: venv run test test-fast lint bench clean distclean validate test-slurm status sweeps report
 
 PYTHON ?= python3
 VENV := .venv
@@ -31,9 +31,22 @@ validate: venv
 	$(BIN)/snakemake --forcerun measure --cores $(CORES) results/validate/errors.md
 	@cat results/validate/errors.md
 
+# The hardware fits, results/fit/{hardware}.json (echo.fit; not part of `make run`: they need the
+# reference folder, and the H100 one traces and simulates the Megatron-Core rows). Copy each report's
+# values and code into config/hardware/ when they change (tests/test_fit.py says when).
+.PHONY: fit
+FITS ?= a100-sxm-80gb h100-sxm-80gb h200-sxm-141gb b200-sxm
+fit: venv
+	$(BIN)/snakemake --cores $(CORES) $(foreach h,$(FITS),results/fit/$(h).json)
+
 # Everything, the real single-node SLURM test included (it installs SLURM with apt as root).
 test: venv
 	$(BIN)/pytest -q --durations=10
+
+# The unit tests (no snakemake runs, no SLURM, no real training runs): under 3 minutes here.
+test-fast: venv
+	@start=$$(date +%s); $(BIN)/pytest -q -m "not slow and not slurm" --durations=5; rc=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 test-slurm: venv
 	$(BIN)/pytest -q -m slurm -s

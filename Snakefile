@@ -1,6 +1,6 @@
 # Echo: simulate one iteration of large-scale distributed training without the cluster.
 #
-# The pipeline (DESIGN.md section 1), one rule file per stage:
+# The pipeline (docs/DESIGN.md, "The pipeline"), one rule file per stage:
 #
 #   trace     results/trace/{workload}/{ops,comms,deps,ranks}.parquet
 #   dedup     results/dedup/{workload}/rank_classes.parquet
@@ -15,8 +15,8 @@
 # `rule all` runs the default experiments of config/config.yaml; any other combination of
 # existing config files is run by asking for its path, e.g.
 #   snakemake --cores 2 results/simulate/tiny-tp2/h100-sxm-80gb/dgx-h100-ndr/summary.parquet
-# Each rule receives only its own config slice (validated) and its stage's code version as
-# params, so an edited topology re-runs only that topology's calibrate/simulate/report jobs.
+# Each rule receives only its own config slice (validated; echo/workflow/params.py) and its stage's
+# code version as params, so an edited topology re-runs only that topology's calibrate/simulate/report jobs.
 
 import sys
 
@@ -37,6 +37,7 @@ include: "workflow/rules/sweep.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/measure.smk"
 include: "workflow/rules/validate.smk"
+include: "workflow/rules/fit.smk"
 
 
 localrules:
@@ -46,5 +47,5 @@ localrules:
 
 rule all:
     input:
-        experiment_targets(EXPERIMENTS),
-        "results/report/summaries.parquet",
+        paths.simulated(EXPERIMENTS),
+        paths.REPORT("summaries.parquet"),

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from echo.ranks import free_port
+from echo.launch import free_port
 
 NBYTES = 256 * 1024
 ITERS, SKIP = 300, 20

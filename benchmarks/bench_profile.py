@@ -36,7 +36,7 @@ def traced(name: str) -> Path:
     """The trace of a shipped workload, made once per trace code version."""
     from echo.config import load_workload
     from echo.trace import run_trace
-    from echo.versioning import code_version
+    from echo.workflow.versions import code_version
 
     key = hashlib.sha256((name + code_version("trace")).encode()).hexdigest()[:10]
     d = OUT / f"{name}-{key}"

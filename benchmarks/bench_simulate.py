@@ -44,7 +44,7 @@ def parse(spec: dict, name: str):
 def prepare(pp: int, dp: int) -> Path:
     """Trace, classes, kernels and network of GPT-3 175B at TP8 x pp x dp, cached. The traced graph
     does not depend on the global batch (the schedule repeats one micro-batch's template)."""
-    from echo.versioning import code_version
+    from echo.workflow.versions import code_version
 
     spec = workload_dict(pp, dp, dp)
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode() + code_version("trace").encode()).hexdigest()[:10]

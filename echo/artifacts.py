@@ -1,7 +1,7 @@
 """Column contracts of every Parquet artifact, the one place each stage's output shape is defined.
 
 Stages write with ``echo.io.write_parquet(table, path, SCHEMA)``, which checks these columns
-(extra columns are allowed and kept). Paths follow DESIGN.md section 3.
+(extra columns are allowed and kept). Paths: docs/DESIGN.md, "Paths".
 """
 
 from __future__ import annotations

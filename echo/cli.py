@@ -41,17 +41,17 @@ def parse_bytes(text: str) -> int:
 
 
 def _paths(results: Path, workload: str = "", hardware: str = "", topology: str = "") -> dict[str, Path]:
-    """The artifact paths of DESIGN.md section 3 for the given names."""
-    trace = results / "trace" / workload
-    return {
-        "trace_dir": trace,
-        "ops": trace / "ops.parquet",
-        "rank_classes": results / "dedup" / workload / "rank_classes.parquet",
-        "kernels": results / "profile" / workload / hardware / "kernels.parquet",
-        "calib_dir": results / "calibrate" / topology,
-        "network": results / "calibrate" / topology / "network.json",
-        "simulate_dir": results / "simulate" / workload / hardware / topology,
-    }
+    """The workflow's artifact paths (echo.workflow.paths) under ``results`` for the given names."""
+    from echo.workflow import paths
+
+    def at(folder: paths.Folder, *files: str) -> Path:
+        return Path(folder(*files, results=results, workload=workload, hardware=hardware, topology=topology))
+
+    return {"trace_dir": at(paths.TRACE), "ops": at(paths.TRACE, "ops.parquet"),
+            "rank_classes": at(paths.DEDUP, "rank_classes.parquet"), "kernels": at(paths.PROFILE, "kernels.parquet"),
+            "calib_dir": at(paths.CALIBRATE), "network": at(paths.CALIBRATE, "network.json"),
+            "simulate_dir": at(paths.SIMULATE), "overlap": at(paths.OVERLAP, "slowdown.parquet"),
+            "profile_cache": at(paths.PROFILE_CACHE)}
 
 
 def _need(*paths: Path, hint: str) -> None:
@@ -96,7 +96,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     p = _paths(args.results, args.workload, args.hardware)
     _need(p["ops"], hint=f"run `python -m echo trace --workload {args.workload}` first")
     # the workflow's cache by default, so the CLI and `snakemake` time each kernel once between them
-    cache_dir = args.cache_dir if args.cache_dir is not None else args.results / "profile" / "_cache"
+    cache_dir = args.cache_dir if args.cache_dir is not None else p["profile_cache"]
     run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=cache_dir, ranks_on_host=ranks)
     print(p["kernels"])
     return 0
@@ -129,12 +129,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _need(p["kernels"], hint=f"run `python -m echo profile --workload {w} --hardware {h}` first")
     _need(p["network"], hint=f"run `python -m echo calibrate --topology {t}` first")
     # the overlap rule's measured slowdown when it has run (cpu hardware); GPUs use published figures
-    measured = args.results / "overlap" / args.hardware / "slowdown.parquet"
+    measured = p["overlap"]
     run_simulate(workload, hardware, topology, p["trace_dir"], p["rank_classes"], p["kernels"],
                  p["calib_dir"], p["simulate_dir"], overlap=measured if measured.exists() else None)
     from echo.report.audit import summaries_table
 
-    print(summaries_table(args.results, paths=[p["simulate_dir"] / "summary.parquet"]))
+    print(summaries_table([p["simulate_dir"] / "summary.parquet"], args.results))
     return 0
 
 
@@ -142,10 +142,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
     import duckdb
 
     from echo.report.audit import audit
+    from echo.workflow.paths import VIEWS
 
     sql = sys.stdin.read() if args.sql == "-" else args.sql
     try:
-        print(audit(sql, args.results, max_rows=args.max_rows))
+        print(audit(sql, args.results, VIEWS, max_rows=args.max_rows))
     except duckdb.Error as exc:
         print(f"echo audit: {exc}", file=sys.stderr)
         return 1
@@ -187,21 +188,23 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from echo.report.audit import summaries_table
+    from echo.workflow.paths import SIMULATE
 
-    print(summaries_table(args.results))
+    print(summaries_table(SIMULATE.glob("summary.parquet", results=args.results), args.results))
     return 0
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
     from echo.network import collective_main
 
-    result = collective_main(args.topology, args.op, args.gpus, args.bytes)
+    result = collective_main(args.topology, args.op, args.gpus, args.bytes, config_root=args.config_dir,
+                             network_json=_paths(args.results, topology=args.topology)["network"])
     print(json.dumps(result, default=str))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from echo.report.status import status
+    from echo.workflow.status import status
 
     code, text = status(args.targets, workdir=args.workdir, config_dir=args.config_dir, extra=args.snakemake_args)
     print(text)
@@ -214,6 +217,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from echo.report.audit import render_table
     from echo.sweep import expansion, layouts_table
+    from echo.workflow.paths import SWEEP
 
     exp = expansion(args.sweep, root=args.config_dir)
     s = exp.sweep
@@ -226,7 +230,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     shared = [t.split("--", 1)[1] if t else None for t in table.column("trace").to_pylist()]
     table = table.set_column(table.schema.get_field_index("trace"), "shared trace", pa.array(shared, pa.string()))
     print(render_table(table.select(["tokens", "kept", "shared trace", "key", "reason"]), title=f"layouts of {s.name}"))
-    ranking = args.results / "sweep" / s.name / "ranking.parquet"
+    ranking = Path(SWEEP("ranking.parquet", sweep=s.name, results=args.results))
     if ranking.is_file():
         top = pq.read_table(ranking).slice(0, args.top)
         print(render_table(top.select(["rank", "tokens", "topology", "step_time_s", "mfu", "peak_mem_gib", "fits"]),
@@ -237,7 +241,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    from echo.versioning import STAGE_MODULES, code_version
+    from echo.workflow.versions import STAGE_MODULES, code_version
 
     for stage in STAGE_MODULES:
         print(f"{stage:10s} {code_version(stage)}")

@@ -1,5 +1,5 @@
 """Shared fixtures: temporary copies of the workflow (so tests never touch the repo's results/),
-a way to run snakemake in them, and a parser for dry-run job lists."""
+a way to run snakemake in them, a parser for dry-run job lists, and the reference folder."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from echo.reference import reference_root
 
 REPO = Path(__file__).resolve().parents[1]
 # What a workflow copy needs: the Snakefile and rules, the configs, the default profile, and the
@@ -44,6 +46,17 @@ def config_root(tmp_path: Path) -> Path:
     """A copy of the shipped config/ folder, to break on purpose (the loaders take root=)."""
     root = tmp_path / "config"
     shutil.copytree(REPO / "config", root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def reference() -> Path:
+    """The reference folder of published measurements (echo.reference.reference_root); a test
+    that needs it skips, saying why, where it is absent (CI always has it)."""
+    root = reference_root()
+    if not root.is_dir():
+        pytest.skip(f"needs the reference folder ({root} is absent): set ECHO_REFERENCE or put "
+                    "shared/reference beside the checkout")
     return root
 
 

@@ -5,12 +5,12 @@ Everything lives under one temporary folder (configs, state, spool, logs, the mu
 socket, the database) on free ports, and each daemon runs in the foreground as a child of this
 process, so stopping it stops exactly the processes started here, by process id. The one file
 outside that folder is /etc/slurm/slurm.conf, which must exist because the executor plugin's job
-step strips SLURM_* variables before its inner srun (shared/SLURM-NOTES.md); it is a symlink
+step strips SLURM_* variables before its inner srun (docs/DESIGN.md, "Running on SLURM"); it is a symlink
 made here and removed (and any earlier file put back) on stop.
 
     python tests/slurm_local.py        # bring up, print the status, wait for Enter, stop
 
-See shared/SLURM-NOTES.md for what was seen bringing this up on this machine kind.
+See docs/DESIGN.md, "Running on SLURM", for what this relies on.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from conftest import REPO, edit_yaml
 from echo.config import Hardware, Topology, Workload, load_hardware, load_topology, load_workload
 from echo.config.loader import check_placement, config_path
 from echo.errors import ConfigError
+from echo.workflow.settings import Settings
 
 SHIPPED = {
     "workloads": (load_workload, Workload),
@@ -160,3 +161,51 @@ def test_hardware_wrong_unit_and_range_refused(config_root: Path) -> None:
     path.write_text((config_root / "hardware" / "a100-sxm-80gb.yaml").read_text())
     edit_yaml(path, **{"compute_model.matmul_efficiency": 1.5})
     check(refused(load_hardware, "bad", config_root), path, "compute_model.matmul_efficiency", "1")
+
+
+# --- config/config.yaml (echo.workflow.settings) -----------------------------------------------
+
+
+def test_shipped_config_yaml_is_valid() -> None:
+    settings = Settings.from_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    assert settings.experiments and settings.sweeps == ()
+    # the params the simulate and measure rules have always carried (a change re-runs every job)
+    assert settings.simulate.model_dump() == {"mode": "symmetric", "overlap_grad_reduce": None}
+    assert settings.measure.model_dump() == {"warmup": 3, "iters": 20, "profile": True, "priority": "rt"}
+    assert settings.validation.local[:3] == ("tiny-dp2", "tiny-tp2", "tiny-pp2")
+
+
+SETTINGS_CASES = {
+    # name: (config given, expected key, words of the reason)
+    "simulate_mode": ({"simulate": {"mode": "fast"}}, "simulate.mode", ["expected one of", "'fast'"]),
+    "simulate_option": ({"simulate": {"speed": 1}}, "simulate.speed", ["unknown option", "mode"]),
+    "measure_key": ({"measure": {"iter": 4}}, "measure.iter", ["unknown key", "iters"]),
+    "measure_priority": ({"measure": {"priority": "max"}}, "measure.priority", ["'rt'", "'max'"]),
+    "measure_iters": ({"measure": {"iters": 0}}, "measure.iters", ["greater than or equal to 1", "0"]),
+    "measure_type": ({"measure": {"profile": 2}}, "measure.profile", ["bool", "2"]),
+    "validate_key": ({"validate": {"locals": []}}, "validate.locals", ["unknown key", "local"]),
+    "experiment_keys": ({"experiments": [{"workload": "tiny-dp2", "hardware": "local-cpu"}]}, "experiments.0",
+                        ["expected exactly the keys workload, hardware, topology"]),
+    "experiments_list": ({"experiments": "tiny-dp2"}, "experiments", ["expected a list"]),
+    "sweep_name": ({"sweeps": [1]}, "sweeps.0", ["string"]),
+    "top_level_key": ({"experiment": []}, "experiment", ["unknown key", "experiments"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETTINGS_CASES))
+def test_bad_config_yaml_refused(case: str) -> None:
+    given, key, words = SETTINGS_CASES[case]
+    with pytest.raises(ConfigError) as info:
+        Settings.from_config(given)
+    check(info.value, Path("config/config.yaml"), key, *words)
+
+
+def test_config_yaml_values_given_as_text() -> None:
+    """Snakemake's --config hands nested values over as text (`--config 'measure={iters: 4}'`)."""
+    settings = Settings.from_config({"measure": {"iters": "4", "profile": "false"}, "sweeps": "a",
+                                     "simulate": {"mode": "full", "overlap_grad_reduce": "true"},
+                                     "validate": {"published": "true", "reference_dir": "/r"}, "experiments": None})
+    assert (settings.measure.iters, settings.measure.profile, settings.sweeps) == (4, False, ("a",))
+    assert settings.simulate.model_dump() == {"mode": "full", "overlap_grad_reduce": True}
+    assert settings.validation.published is True and settings.validation.reference_dir == Path("/r")
+    assert settings.experiments == ()

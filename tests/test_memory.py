@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 
 from echo.config.workload import Workload
-from echo.training.schedule import in_flight, stage_orders
 from echo.trace import trace_ranks
 from echo.training.layout import Layout
+from echo.training.schedule import in_flight, stage_orders
 
 GIB = 2**30
 # name: heads, hidden, layers, pp, global batch, micro-batch, chunks per pipeline rank

@@ -23,17 +23,14 @@ from echo.network.costs import NetworkParams
 from echo.network.fit import fit_nccl_tests, leave_one_out, runs_from_measurements
 from echo.network.nccl_tests import MEASUREMENTS
 
-_ROOT = Path(__file__).resolve().parents[1]
-SHARED = next((p for p in (_ROOT / "shared", _ROOT.parent / "shared") if (p / "reference").is_dir()),
-              _ROOT.parent / "shared")
 GIB, MIB, KIB = 1 << 30, 1 << 20, 1 << 10
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory) -> tuple[Path, NetworkModel]:
+def calibrated(tmp_path_factory, reference) -> tuple[Path, NetworkModel]:
     """The calibrate stage run once for azure-ndv4 (the fit, its leave-one-out checks, the plot)."""
     out = tmp_path_factory.mktemp("results") / "calibrate" / "azure-ndv4"
-    model = run_calibrate(load_topology("azure-ndv4"), out, root=_ROOT)
+    model = run_calibrate(load_topology("azure-ndv4"), out, root=reference)
     return out, model
 
 
@@ -82,11 +79,11 @@ def test_fitted_figures_are_physical(calibrated):
     assert p.protocols["LL"]["bw_fraction"] < p.protocols["LL128"]["bw_fraction"] < 1.0
 
 
-def test_per_tier_fit_does_not_touch_the_other_tier():
+def test_per_tier_fit_does_not_touch_the_other_tier(reference):
     """Single-server logs alone leave the network tier nominal; and vice versa."""
     topo = load_topology("azure-ndv4")
     base = NetworkParams.from_topology(topo)
-    runs = runs_from_measurements(read_topology_logs(topo, root=_ROOT))
+    runs = runs_from_measurements(read_topology_logs(topo, root=reference))
     intra_only, summary = fit_nccl_tests(base, [r for r in runs if r.shape.nodes == 1])
     assert intra_only.nic_bw_GBps == base.nic_bw_GBps
     assert {n: p["inter_hop_us"] for n, p in intra_only.protocols.items()} == {
@@ -141,15 +138,19 @@ def test_nominal_topology_writes_an_empty_measurements_table_and_a_plot(tmp_path
     assert (tmp_path / "busbw.png").stat().st_size > 20_000
 
 
-def test_missing_or_misfit_logs_are_refused(tmp_path, config_root):
+def test_missing_or_misfit_logs_are_refused(tmp_path, reference):
     topo = load_topology("azure-ndv4")
     missing = topo.model_copy(update={"calibration": topo.calibration.model_copy(
-        update={"logs": (*topo.calibration.logs, "shared/reference/nccl-tests/nope.log")})})
-    with pytest.raises(ConfigError, match=r"azure-ndv4.yaml: calibration.logs.5: log file .*nope.log' not found"):
-        run_calibrate(missing, tmp_path, root=_ROOT)
+        update={"logs": (*topo.calibration.logs, "nccl-tests/nope.log")})})
+    with pytest.raises(ConfigError, match=r"azure-ndv4.yaml: calibration.logs.5: 'nccl-tests/nope.log' not found in "
+                                          r"the reference folder"):
+        run_calibrate(missing, tmp_path, root=reference)
     four = topo.model_copy(update={"gpus_per_node": 4})
     with pytest.raises(ConfigError, match=r"calibration.logs.2: .*8gpus.log ran more than gpus_per_node=4"):
-        run_calibrate(four, tmp_path, root=_ROOT)
+        run_calibrate(four, tmp_path, root=reference)
+
+
+def test_logs_must_match_the_source(config_root):
     path = config_root / "topologies" / "azure-ndv4.yaml"
     data = yaml.safe_load(path.read_text())
     data["calibration"]["source"] = "nominal"
@@ -164,12 +165,11 @@ def test_missing_or_misfit_logs_are_refused(tmp_path, config_root):
 
 # --- the collective CLI -------------------------------------------------------------------
 
-def test_collective_answers_any_gpu_count_on_azure(calibrated, monkeypatch):
+def test_collective_answers_any_gpu_count_on_azure(calibrated):
     out, model = calibrated
-    monkeypatch.chdir(out.parents[1])  # results/calibrate/azure-ndv4/network.json is here
     times = {}
     for gpus in (*range(1, 9), 16, 24, 64, 128):
-        res = collective_main("azure-ndv4", "all_reduce", gpus, GIB)
+        res = collective_main("azure-ndv4", "all_reduce", gpus, GIB, network_json=out / "network.json")
         assert res["source"] == "fitted" and res["nodes"] == max(1, gpus // 8)
         times[gpus] = res["time_us"]
         if gpus == 1:
@@ -179,7 +179,7 @@ def test_collective_answers_any_gpu_count_on_azure(calibrated, monkeypatch):
             assert res["busbw_GBps"] == pytest.approx(res["algbw_GBps"] * 2 * (gpus - 1) / gpus)
     assert times[8] < times[16]  # NVLink beats the NICs
     proc = subprocess.run([sys.executable, "-m", "echo", "collective", "--topology", "azure-ndv4", "--op",
-                           "all_reduce", "--gpus", "32", "--bytes", "1GiB"], cwd=out.parents[1],
+                           "all_reduce", "--gpus", "32", "--bytes", "1GiB", "--results", str(out.parents[1])],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -187,21 +187,24 @@ def test_collective_answers_any_gpu_count_on_azure(calibrated, monkeypatch):
     assert 115 <= result["busbw_GBps"] <= 135
 
 
-def test_collective_fits_the_logs_when_calibrate_has_not_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no results/ here; the logs are found beside the config's repository
-    res = collective_main("azure-ndv4", "all_reduce", 64, 4 * GIB)
+def test_collective_fits_the_logs_when_calibrate_has_not_run(tmp_path, reference):
+    # no network.json: the logs are found in the reference folder and fitted now
+    res = collective_main("azure-ndv4", "all_reduce", 64, 4 * GIB, network_json=tmp_path / "network.json")
     assert res["source"] == "fitted" and 115 <= res["busbw_GBps"] <= 135
 
 
 # --- the workflow -------------------------------------------------------------------------
 
-def test_workflow_sees_the_logs_as_calibrate_inputs(tmp_path):
-    wf = copy_workflow(tmp_path / "wf")
+def test_workflow_sees_the_logs_as_calibrate_inputs(tmp_path, monkeypatch, reference):
+    wf = copy_workflow(tmp_path / "wf")  # no shared/reference beside the copy
+    monkeypatch.setenv("ECHO_REFERENCE", str(tmp_path / "nowhere"))
     proc = snakemake(wf, "-n", "results/calibrate/azure-ndv4/busbw.png")
     assert proc.returncode != 0
-    assert "config/topologies/azure-ndv4.yaml: calibration.logs.0: log file" in proc.stdout + proc.stderr
-    (wf / "shared").symlink_to(SHARED)
-    proc = snakemake(wf, "-n", "results/calibrate/azure-ndv4/busbw.png")
+    assert ("config/topologies/azure-ndv4.yaml: calibration.logs.0: 'nccl-tests/azure-ndv4-a100/"
+            "all_reduce_perf_2gpus.log' not found in the reference folder") in proc.stdout + proc.stderr
+    # validate.reference_dir is the same setting, and wins over the environment
+    proc = snakemake(wf, "-n", "results/calibrate/azure-ndv4/busbw.png", "--config",
+                     f"validate={{reference_dir: {reference}}}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     inputs = next(line for line in (proc.stdout + proc.stderr).splitlines() if line.strip().startswith("input:"))
     for gpus in (2, 4, 8, 16, 64):

@@ -6,7 +6,7 @@ import pytest
 
 from echo.config import load_topology
 from echo.network import NetworkModel
-from echo.network.contention import Flow, flow_of, max_min_rates, simulate_flows
+from echo.network.contention import Flow, max_min_rates, simulate_flows
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -96,14 +96,14 @@ def test_simulate_flows_conserves_work():
 
 
 def test_flow_loads_follow_the_chosen_algorithm(a100):
-    ring = flow_of(a100, "all_reduce", range(16), GIB)
+    ring = a100.flow("all_reduce", range(16), GIB)
     assert ring.loads[("nic", 0, "tx")] == pytest.approx(1.0, abs=0.01)  # NIC-bound: its NICs are full
     assert ring.loads[("nic", 15, "rx")] == pytest.approx(1.0, abs=0.01)
-    inside = flow_of(a100, "all_reduce", range(8), GIB)
+    inside = a100.flow("all_reduce", range(8), GIB)
     assert not any(r[0] == "nic" for r in inside.loads) and inside.loads[("nvlink", 3, "tx")] > 0.9
-    send = flow_of(a100, "send", [0, 8], GIB)
+    send = a100.flow("send", [0, 8], GIB)
     assert set(send.loads) == {("nic", 0, "tx"), ("nic", 8, "rx")}
     with pytest.raises(ValueError, match="group of \\[self, peer\\]"):
-        flow_of(a100, "send", [0, 1, 2], GIB)
+        a100.flow("send", [0, 1, 2], GIB)
     with pytest.raises(ValueError, match="start times"):
         a100.concurrent([("send", [0, 8], GIB)], starts_us=[0.0, 1.0])

@@ -10,14 +10,11 @@ import pytest
 from echo.errors import ConfigError
 from echo.network.nccl_tests import MEASUREMENTS, LogFormatError, read_log, read_logs, read_runs, resolve_logs
 
-_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = next((p for p in (_ROOT / "shared" / "reference", _ROOT.parent / "shared" / "reference")
-                  if p.is_dir()), _ROOT.parent / "shared" / "reference")
-LOGS = REFERENCE / "nccl-tests" / "azure-ndv4-a100"
 
-
-def _log(gpus: int) -> Path:
-    return LOGS / f"all_reduce_perf_{gpus}gpus.log"
+@pytest.fixture
+def azure_log(reference):
+    """The shipped Azure log of ``gpus`` GPUs (nccl-tests/azure-ndv4-a100/ of the reference folder)."""
+    return lambda gpus: reference / "nccl-tests" / "azure-ndv4-a100" / f"all_reduce_perf_{gpus}gpus.log"
 
 
 def _copy(tmp_path: Path, text: str, name: str = "all_reduce_perf_8gpus.log") -> Path:
@@ -39,8 +36,8 @@ def _line_of(text: str, needle: str) -> int:
     (16, 2, 25, (1024, 34.66), (16 << 30, 250681), 1, (20, 50), "N/A"),
     (64, 8, 23, (1024, 314.8), (4 << 30, 66376), 1, (20, 50), "N/A"),
 ])
-def test_reads_every_shipped_log(gpus, nodes, sizes, first, last, per_thread, iters, errors):
-    (run,) = read_runs(_log(gpus))
+def test_reads_every_shipped_log(gpus, nodes, sizes, first, last, per_thread, iters, errors, azure_log):
+    (run,) = read_runs(azure_log(gpus))
     assert run.collective == "all_reduce" and run.op == "all_reduce"
     assert run.ranks == gpus and len(run.hosts) == nodes and run.gpus_per_node == gpus // nodes
     assert run.hosts[0] == "node-000000" and run.device_name == "A100-SXM4-40GB"
@@ -60,24 +57,24 @@ def test_reads_every_shipped_log(gpus, nodes, sizes, first, last, per_thread, it
     assert all(r["line"] >= 10 for r in rows) and rows[0]["line"] < rows[-1]["line"]
 
 
-def test_mpi_prefix_and_node_names_of_eight_servers():
-    (run,) = read_runs(_log(64))
+def test_mpi_prefix_and_node_names_of_eight_servers(azure_log):
+    (run,) = read_runs(azure_log(64))
     assert run.hosts == [f"node-0000{h}" for h in ("00", "02", "06", "07", "08", "09", "0C", "0D")]
     assert set(run.per_host.values()) == {8}
     assert run.avg_busbw_GBps == pytest.approx(48.5229) and run.out_of_bounds_ok
 
 
-def test_read_logs_concatenates_and_names_sources(tmp_path):
-    table = read_logs([_log(2), _log(16)])
+def test_read_logs_concatenates_and_names_sources(tmp_path, azure_log):
+    table = read_logs([azure_log(2), azure_log(16)])
     assert table.num_rows == 2 * 28 + 2 * 25
-    assert read_log(_log(2), source="shared/x.log").column("source").unique().to_pylist() == ["shared/x.log"]
+    assert read_log(azure_log(2), source="nccl-tests/x.log").column("source").unique().to_pylist() == ["nccl-tests/x.log"]
     assert read_logs([]).num_rows == 0
 
 
 # --- damaged copies -----------------------------------------------------------------------
 
-def test_cut_mid_row_names_the_line(tmp_path):
-    text = _log(8).read_text()
+def test_cut_mid_row_names_the_line(tmp_path, azure_log):
+    text = azure_log(8).read_text()
     cut_at = text.index("  268435456  ") + 40  # in the middle of the 256 MiB row
     path = _copy(tmp_path, text[:cut_at])
     with pytest.raises(LogFormatError, match=r"line (\d+): the log was cut short mid-row") as err:
@@ -85,8 +82,8 @@ def test_cut_mid_row_names_the_line(tmp_path):
     assert err.value.line == _line_of(text, "  268435456  ") and str(path) in str(err.value)
 
 
-def test_cut_between_rows_is_refused(tmp_path):
-    text = _log(16).read_text()
+def test_cut_between_rows_is_refused(tmp_path, azure_log):
+    text = azure_log(16).read_text()
     lines = text.splitlines(keepends=True)
     last_row = _line_of(text, "  1073741824  ")
     path = _copy(tmp_path, "".join(lines[:last_row]), "all_reduce_perf_16gpus.log")
@@ -95,8 +92,8 @@ def test_cut_between_rows_is_refused(tmp_path):
     assert err.value.line == last_row
 
 
-def test_non_numeric_cell_names_line_and_column(tmp_path):
-    text = _log(8).read_text()
+def test_non_numeric_cell_names_line_and_column(tmp_path, azure_log):
+    text = azure_log(8).read_text()
     damaged = text.replace("   566.1  118.54", "   56x.1  118.54")
     assert damaged != text
     with pytest.raises(LogFormatError, match=r"line \d+: column 'time': '56x.1' is not a number") as err:
@@ -104,16 +101,16 @@ def test_non_numeric_cell_names_line_and_column(tmp_path):
     assert err.value.line == _line_of(text, "   566.1  118.54")
 
 
-def test_digit_changed_in_a_cell_is_caught(tmp_path):
-    text = _log(8).read_text()
+def test_digit_changed_in_a_cell_is_caught(tmp_path, azure_log):
+    text = azure_log(8).read_text()
     damaged = text.replace("   566.1  118.54", "   966.1  118.54")  # time no longer matches algbw
     with pytest.raises(LogFormatError, match="a damaged cell"):
         read_log(_copy(tmp_path, damaged))
 
 
-def test_log_of_another_collective_under_the_wrong_name(tmp_path):
+def test_log_of_another_collective_under_the_wrong_name(tmp_path, azure_log):
     """An all_reduce log renamed to all_gather: its bus factor 2(n-1)/n gives it away."""
-    path = _copy(tmp_path, _log(8).read_text(), "all_gather_perf_8gpus.log")
+    path = _copy(tmp_path, azure_log(8).read_text(), "all_gather_perf_8gpus.log")
     with pytest.raises(LogFormatError, match="fits all_reduce_perf, not all_gather_perf"):
         read_log(path)
 
@@ -131,12 +128,12 @@ def _as_all_gather(text: str, n: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def test_a_genuine_all_gather_log_parses_as_all_gather(tmp_path):
-    table = read_log(_copy(tmp_path, _as_all_gather(_log(8).read_text(), 8), "all_gather_perf_8gpus.log"))
+def test_a_genuine_all_gather_log_parses_as_all_gather(tmp_path, azure_log):
+    table = read_log(_copy(tmp_path, _as_all_gather(azure_log(8).read_text(), 8), "all_gather_perf_8gpus.log"))
     assert set(table.column("op").to_pylist()) == {"all_gather"} and table.num_rows == 56
     # ... and named as an all_reduce log, it is refused
     with pytest.raises(LogFormatError, match="fits all_gather_perf.*not all_reduce_perf"):
-        read_log(_copy(tmp_path, _as_all_gather(_log(8).read_text(), 8), "all_reduce_perf_8gpus.log"))
+        read_log(_copy(tmp_path, _as_all_gather(azure_log(8).read_text(), 8), "all_reduce_perf_8gpus.log"))
 
 
 @pytest.mark.parametrize("content, reason", [
@@ -205,24 +202,28 @@ def test_collective_line_and_file_name_must_agree(tmp_path):
         read_log(_copy(tmp_path, NEWER, "all_reduce_perf_4gpus.log"))
 
 
-def test_unnamed_log_of_ambiguous_collective_is_refused(tmp_path):
+def test_unnamed_log_of_ambiguous_collective_is_refused(tmp_path, azure_log):
     text = NEWER.replace("0: # Collective test starting: all_gather_perf\n", "")
     with pytest.raises(LogFormatError, match="cannot tell which collective"):
         read_log(_copy(tmp_path, text, "run.log"))
     # an all-reduce's bus factor is its own: no name needed
-    assert read_runs(_copy(tmp_path, _log(8).read_text(), "run8.log"))[0].collective == "all_reduce"
+    assert read_runs(_copy(tmp_path, azure_log(8).read_text(), "run8.log"))[0].collective == "all_reduce"
 
 
 # --- where a topology's logs are found ----------------------------------------------------
 
-def test_resolve_logs_relative_to_root_or_its_parent(tmp_path):
-    (tmp_path / "shared").mkdir()
-    (tmp_path / "shared" / "a.log").write_text("x")
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    assert resolve_logs(["shared/a.log"], "t.yaml", root=repo) == [tmp_path / "shared" / "a.log"]
-    with pytest.raises(ConfigError, match=r"t.yaml: calibration.logs.1: log file 'shared/b.log' not found"):
-        resolve_logs(["shared/a.log", "shared/b.log"], "t.yaml", root=repo)
+def test_logs_are_named_relative_to_the_reference_folder(tmp_path, monkeypatch):
+    (tmp_path / "nccl-tests").mkdir()
+    (tmp_path / "nccl-tests" / "a.log").write_text("x")
+    assert resolve_logs(["nccl-tests/a.log"], "t.yaml", root=tmp_path) == [tmp_path / "nccl-tests" / "a.log"]
+    monkeypatch.setenv("ECHO_REFERENCE", str(tmp_path))  # the default root
+    assert resolve_logs(["nccl-tests/a.log"], "t.yaml") == [tmp_path / "nccl-tests" / "a.log"]
+    with pytest.raises(ConfigError, match=r"t.yaml: calibration.logs.1: 'nccl-tests/b.log' not found in the "
+                                          r"reference folder .*; set ECHO_REFERENCE"):
+        resolve_logs(["nccl-tests/a.log", "nccl-tests/b.log"], "t.yaml")
+    for outside in ("../a.log", str(tmp_path / "nccl-tests" / "a.log")):
+        with pytest.raises(ConfigError, match="calibration.logs.0: .* must be relative to the reference folder"):
+            resolve_logs([outside], "t.yaml")
 
 
 def test_measurement_schema_is_complete():

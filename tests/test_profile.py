@@ -19,7 +19,7 @@ from echo.profile.stage import kernels_table
 
 pytestmark = pytest.mark.usefixtures("fixed_eager_step")  # its own tests: test_profile_eager.py
 
-# Best measured bf16 GEMM, TFLOP/s (shared/reference/hardware.csv, best_measured_bf16_matmul_tflops)
+# Best measured bf16 GEMM, TFLOP/s (the reference folder's hardware.csv, best_measured_bf16_matmul_tflops)
 BEST_GEMM_TFLOPS = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5}
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib.image
 import numpy as np
@@ -19,7 +21,17 @@ from echo.artifacts import TIMELINE, TRACED_RANKS
 from echo.report import plots
 from echo.report.html import find_chromium, report_results, screenshot, screenshots, view_page
 from echo.report.measured import measurement_points
-from echo.report.status import diff, parse_dry_run, parse_summary, short_reason
+from echo.workflow.params import trace_workload_params, workload_params
+from echo.workflow.status import (
+    Job,
+    diff,
+    explain_params,
+    metadata_path,
+    parse_dry_run,
+    parse_summary,
+    short_reason,
+)
+from echo.workflow.versions import code_version
 
 SUMMARY_ROW = {"workload": "w", "hardware": "h", "topology": "t", "world_size": 16, "step_time_s": 10.0,
                "compute_s": 7.0, "exposed_comm_s": 2.0, "bubble_s": 1.0, "mfu": 0.5, "peak_mem_gib": 30.0,
@@ -159,6 +171,27 @@ def test_status_parsing() -> None:
     rows = parse_summary("output_file\tdate\trule\tlog-file(s)\tstatus\tplan\nx.parquet\t-\ttrace\tl.log\tok\tno update\n")
     assert rows == [{"output_file": "x.parquet", "date": "-", "rule": "trace", "log-file(s)": "l.log", "status": "ok",
                      "plan": "no update"}]
+
+
+def test_status_names_only_keys_that_changed(tmp_path: Path) -> None:
+    """`status` recomputes a job's params with the rules' own functions (echo.workflow.params): a
+    trace whose recorded params are today's has nothing to explain, and an edit is named alone,
+    without the keys the trace does not carry (the simulation-only overlap flags)."""
+    wildcards, root = SimpleNamespace(workload="tiny-dp2"), REPO / "config"
+    trace = Job("trace", {"workload": "tiny-dp2"}, output=["results/trace/tiny-dp2/ops.parquet"])
+
+    def record(workload: dict) -> None:
+        path = metadata_path(tmp_path, trace.output[0])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"params": sorted([repr(workload), repr(code_version("trace"))])}))
+
+    now = trace_workload_params(wildcards, root)
+    assert now != workload_params(wildcards, root)  # what status used to compare with
+    record(now)
+    assert explain_params(trace, tmp_path, root) == []
+    layers = now["model"]["layers"]
+    record({**now, "model": {**now["model"], "layers": layers * 2}})
+    assert explain_params(trace, tmp_path, root) == [f"workload tiny-dp2: model.layers: {layers * 2} -> {layers}"]
 
 
 def test_status_says_what_reruns_and_why(stub_run: Path, tmp_path: Path) -> None:

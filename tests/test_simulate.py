@@ -15,6 +15,7 @@ import pytest
 
 from echo.artifacts import COMMS, KERNELS, OPS, RANK_CLASSES, SUMMARY, TIMELINE, TRACED_RANKS
 from echo.config import Hardware, Topology, Workload
+from echo.network import CollectiveCosts, Estimate
 from echo.overlap import Slowdown
 from echo.simulate import (
     ClassInfo,
@@ -25,20 +26,19 @@ from echo.simulate import (
     Op,
     Program,
     RankCosts,
-    Task,
     fair_share,
-    in_flight,
     max_min_share,
     no_sharing,
     run_simulate,
     simulate,
     simulate_ops,
-    stage_orders,
     with_buckets,
 )
-from echo.simulate.chunk import slowest
+from echo.simulate.costing import CommTimer
 from echo.simulate.gpu import InFlight
+from echo.simulate.program import slowest
 from echo.simulate.summary import class_peak_bytes
+from echo.training.schedule import Task, in_flight, stage_orders
 
 GIB = 1 << 30
 
@@ -294,16 +294,22 @@ NONE = Slowdown.none()
 
 
 @dataclass
-class FakeNet:
-    """Stands in for echo.network.NetworkModel: a fixed time per op kind, calls counted."""
+class FakeNet(CollectiveCosts):
+    """Stands in for echo.network.NetworkModel: a fixed time per op kind (no link loads, no API
+    overhead), calls counted."""
 
     times: dict
     calls: int = 0
 
-    def estimate(self, op, *, group, nbytes):
+    def estimate(self, op, group, *, nbytes):
         self.calls += 1
         assert all(isinstance(r, int) for r in group) and nbytes > 0
-        return type("Estimate", (), {"time_us": self.times[op]})()
+        return Estimate(self.times[op], 0.0, 0.0, "ring", "simple")
+
+
+def test_the_network_is_typed():
+    with pytest.raises(TypeError, match="CollectiveCosts"):
+        CommTimer(type("Duck", (), {"estimate": FakeNet.estimate})())
 
 
 def make_workload(pp=2, tp=2, dp=2, global_batch=8, schedule="1f1b", recompute="none", v=1) -> Workload:
@@ -474,6 +480,11 @@ def test_overlap_slowdown_end_to_end(tmp_path):
     assert s["compute_s"] == pytest.approx((4 * 100 + 4 * 200 + 50 + 3.75) * 1e-6)
     assert s["compute_s"] + s["exposed_comm_s"] + s["bubble_s"] == pytest.approx(s["step_time_s"])
     assert s["overlap_source"] == "test"
+    # beside the timeline, stage 0's pipeline p2p in the order it ran (F0 F1 B0 F2 B1 F3 B2 B3)
+    sched = pq.read_table(tmp_path / "out" / "schedule.parquet").to_pylist()
+    assert [(r["task"], r["microbatch"], r["op"], r["peer"]) for r in sched if r["rank"] == 0] == [
+        ("F", 0, "send", 4), ("F", 1, "send", 4), ("B", 0, "recv", 4), ("F", 2, "send", 4),
+        ("B", 1, "recv", 4), ("F", 3, "send", 4), ("B", 2, "recv", 4), ("B", 3, "recv", 4)]
 
 
 def test_flops_invariant_and_mfu_without_recompute(tmp_path):

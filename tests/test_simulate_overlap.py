@@ -11,9 +11,8 @@ import pytest
 from echo.config import load_hardware
 from echo.errors import ConfigError
 from echo.io import write_parquet
-from echo.overlap import OP_CLASSES, PUBLISHED, SLOWDOWN, Slowdown, run_overlap, slowdown_table
-from echo.overlap.measure import measure_slowdown
-from echo.simulate import workflow
+from echo.overlap import OP_CLASSES, PUBLISHED, SLOWDOWN, Slowdown, slowdown_table
+from echo.overlap.measure import measure_slowdown, run_overlap
 
 
 def test_published_gpu_figures():
@@ -69,17 +68,3 @@ def test_measurement_runs_kernels_beside_gloo_traffic():
 def test_only_this_machine_is_measured(tmp_path):
     with pytest.raises(ConfigError, match="kind: the overlap slowdown is measured on this machine only"):
         run_overlap(load_hardware("h100-sxm-80gb"), tmp_path / "x.parquet")
-    with pytest.raises(ConfigError, match="measured on this machine only"):
-        workflow.overlap_device(load_hardware("a100-sxm-80gb"))
-    assert workflow.overlap_device(load_hardware("local-cpu")) == {"name": "local-cpu", "kind": "cpu"}
-    assert workflow.overlap_input(load_hardware("local-cpu")) == ["results/overlap/local-cpu/slowdown.parquet"]
-    assert workflow.overlap_input(load_hardware("a100-sxm-80gb")) == []
-
-
-def test_simulate_options_are_checked():
-    assert workflow.options(None) == {"mode": "symmetric", "overlap_grad_reduce": None}
-    assert workflow.options({"mode": "full", "overlap_grad_reduce": True}) == {"mode": "full", "overlap_grad_reduce": True}
-    with pytest.raises(ConfigError, match="simulate.mode: expected one of"):
-        workflow.options({"mode": "fast"})
-    with pytest.raises(ConfigError, match="simulate.speed: unknown option"):
-        workflow.options({"speed": 1})

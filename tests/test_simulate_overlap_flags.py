@@ -13,8 +13,9 @@ from test_simulate_modes import SLOW, assert_same, traced
 
 from echo.config import parse_workload
 from echo.errors import ConfigError
-from echo.simulate import EngineOptions, Op, Program, RankCosts, simulate, stage_orders
+from echo.simulate import EngineOptions, Op, Program, RankCosts, simulate
 from echo.simulate.overlaps import _tp_pairs, tp_overlap_time, with_param_gather, with_tp_overlap
+from echo.training.schedule import stage_orders
 
 TP4 = (0, 1, 2, 3)
 

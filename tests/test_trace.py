@@ -276,12 +276,14 @@ def test_context_parallel_splits_the_sequence_and_exchanges_kv(tmp_path):
 
 @pytest.mark.parametrize("schedule,virtual", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
 def test_schedule_table_follows_the_schedule_definition(schedule, virtual, tmp_path):
-    from echo.trace.schedule_table import schedule_table
+    from echo.simulate.schedule_table import schedule_table
+    from echo.training.schedule import stage_orders
 
     d = workload(pp=2, schedule=schedule, virtual_stages=virtual).model_dump()
     d["training"]["global_batch"] = 3 * B if virtual == 1 else 4 * B  # 3 (or 4) micro-batches
     w = Workload.model_validate(d)
-    table = schedule_table(w, trace_ranks(w, [0, 1], tmp_path)["comms"]).to_pylist()
+    orders = stage_orders(schedule, 2, w.micro_batches, virtual)
+    table = schedule_table(w, trace_ranks(w, [0, 1], tmp_path)["comms"], orders).to_pylist()
 
     def seq(rank):
         return [(r["task"], r["microbatch"], r["chunk"], r["op"], r["peer"]) for r in table if r["rank"] == rank]

@@ -21,7 +21,8 @@ from conftest import REPO, dry_run, job
 from echo.config import load_hardware, load_topology, load_workload
 from echo.config.loader import parse_workload
 from echo.errors import ConfigError
-from echo.training.data_parallel import buckets
+from echo.training.data_parallel import bucket_members, buckets
+from echo.training.run import EVENTS
 from echo.validate.compare import COMPARE, compare_table
 from echo.validate.measure import (
     MEASURED,
@@ -30,11 +31,9 @@ from echo.validate.measure import (
     MeasureRefused,
     check_measurable,
     run_measure,
-    settings,
     step_times,
 )
 from echo.validate.published import (
-    REFERENCE_DIR,
     megatron_flops,
     published_rows,
     published_table,
@@ -43,11 +42,7 @@ from echo.validate.published import (
     virtual_stages,
     workload_yaml,
 )
-from echo.validate.targets import measured_here, validate_targets
-from echo.training.run import EVENTS, bucket_members
-
-HAVE_REFERENCE = (REFERENCE_DIR / "megatron_sc21_table1_a100.csv").is_file()
-needs_reference = pytest.mark.skipif(not HAVE_REFERENCE, reason="shared/reference is not next to this checkout")
+from echo.validate.targets import measured_here, published_targets
 
 
 def tiny(name: str = "tiny-dp2", training: dict | None = None, **parallel) -> object:
@@ -96,16 +91,6 @@ def test_tiny_fits_but_not_in_a_tiny_machine():
 def test_unsupported_features_are_refused_before_any_process():
     with pytest.raises(MeasureRefused, match="parallel.zero"):
         check_measurable(tiny(zero=3))
-
-
-def test_measure_settings_are_checked():
-    assert settings({})["iters"] >= 1
-    assert settings({"iters": 4})["iters"] == 4
-    assert settings({"iters": "4", "profile": "false"}) == {**settings({}), "iters": 4, "profile": False}
-    with pytest.raises(ConfigError, match="measure.iter"):
-        settings({"iter": 4})
-    with pytest.raises(ConfigError, match="measure.priority"):
-        settings({"priority": "max"})
 
 
 # --- real runs ---------------------------------------------------------------------------------
@@ -204,9 +189,8 @@ def test_measurements_here_compare_only_with_this_machine():
 # --- published tables ----------------------------------------------------------------------------
 
 
-@needs_reference
-def test_sc21_flop_formula_reproduces_the_derived_iteration_times():
-    with (REFERENCE_DIR / "megatron_sc21_table1_a100.csv").open() as f:
+def test_sc21_flop_formula_reproduces_the_derived_iteration_times(reference):
+    with (reference / "megatron_sc21_table1_a100.csv").open() as f:
         for r in csv.DictReader(f):
             flops = sc21_flops(int(r["global_batch"]), int(r["seq_len"]), int(r["layers"]), int(r["hidden"]),
                                int(r["vocab"]))
@@ -214,20 +198,18 @@ def test_sc21_flop_formula_reproduces_the_derived_iteration_times():
             assert step == pytest.approx(float(r["iter_time_s_derived"]), abs=0.006), r["params_B"]
 
 
-@needs_reference
-def test_megatron_flop_formula_reproduces_the_published_mfu():
-    with (REFERENCE_DIR / "megatron_core_h100.csv").open() as f:
+def test_megatron_flop_formula_reproduces_the_published_mfu(reference):
+    with (reference / "megatron_core_h100.csv").open() as f:
         for r in csv.DictReader(f):
-            row = next(x for x in published_rows() if x.name == f"mcore-h100-gpt-{r['model'].lower()}")
+            row = next(x for x in published_rows(reference) if x.name == f"mcore-h100-gpt-{r['model'].lower()}")
             flops = megatron_flops(int(r["global_batch"]), int(r["seq_len"]), int(r["layers"]), int(r["hidden"]),
                                    int(r["vocab"]))
             assert flops / (row.gpus * row.measured_step_s) / 989e12 == pytest.approx(
                 float(r["mfu_pct"]) / 100, abs=0.006), r["model"]
 
 
-@needs_reference
-def test_generated_workload_files_are_current_and_valid():
-    rows = published_rows()
+def test_generated_workload_files_are_current_and_valid(reference):
+    rows = published_rows(reference)
     assert len(rows) == 19
     for row in rows:
         path = REPO / "config" / "workloads" / f"{row.name}.yaml"
@@ -245,10 +227,8 @@ def test_virtual_stages_default():
     assert virtual_stages(64, 64) == 1   # one layer per stage: nothing to interleave
 
 
-def test_published_table_errors_and_worst_row():
-    rows = [r for r in published_rows()][:3] if HAVE_REFERENCE else []
-    if not rows:
-        pytest.skip("no reference tables")
+def test_published_table_errors_and_worst_row(reference):
+    rows = published_rows(reference)[:3]
     summaries = {r.name: {"step_time_s": r.measured_step_s * f} for r, f in zip(rows, (1.1, 0.8, 1.0), strict=True)}
     t = published_table(rows, summaries)
     assert [round(e, 6) for e in t["error"].to_pylist()] == [0.1, -0.2, 0.0]
@@ -258,15 +238,25 @@ def test_published_table_errors_and_worst_row():
 
 
 def test_validate_settings_are_checked():
-    local, _, _ = validate_targets(None)
-    assert local[:3] == ["tiny-dp2", "tiny-tp2", "tiny-pp2"]
+    from echo.workflow.settings import Settings
+
+    assert Settings.from_config({}).validation.local[:3] == ("tiny-dp2", "tiny-tp2", "tiny-pp2")
     with pytest.raises(ConfigError, match="validate.locals"):
-        validate_targets({"locals": []})
-    if HAVE_REFERENCE:
-        with pytest.raises(ConfigError, match="no published row"):
-            validate_targets({"published": ["sc21-gpt-2t"]})
-        _, rows, _ = validate_targets({"published": ["sc21-gpt-1.7b"]})
-        assert [r.name for r in rows] == ["sc21-gpt-1.7b"]
+        Settings.from_config({"validate": {"locals": []}})
+
+
+def test_published_targets_follow_the_reference_setting(tmp_path, monkeypatch):
+    # validate.reference_dir is the setting of echo.reference, ahead of $ECHO_REFERENCE
+    monkeypatch.setenv("ECHO_REFERENCE", str(tmp_path / "env"))
+    assert published_targets(True, tmp_path) == ([], tmp_path)
+    assert published_targets(True) == ([], tmp_path / "env")
+
+
+def test_published_rows_can_be_chosen(reference):
+    with pytest.raises(ConfigError, match="no published row"):
+        published_targets(("sc21-gpt-2t",), reference)
+    rows, _ = published_targets(("sc21-gpt-1.7b",), reference)
+    assert [r.name for r in rows] == ["sc21-gpt-1.7b"]
 
 
 # --- rules ---------------------------------------------------------------------------------------
@@ -312,8 +302,8 @@ def test_real_run_splits_layers_as_the_workload_does():
     """Each rank builds its chunks from ``parallel.layers_of`` (uneven stage_layers included), as
     the tracer does, and the measure stage's estimates count the rank holding the most layers."""
     from echo.config.workload import Workload
+    from echo.training.model import build_chunks
     from echo.validate.measure import estimate_rank_bytes, rank_layers
-    from echo.training.run import build_chunks
 
     spec = load_workload("tiny-pp2-interleaved").model_dump()
     spec["model"]["layers"] = 6
@@ -350,7 +340,7 @@ def test_local_gloo_calibration_runs_its_ranks_at_the_given_priority(monkeypatch
     """The calibrate stage benchmarks gloo as the measure stage runs its ranks (measure.priority)."""
     import functools
 
-    from echo import ranks
+    from echo import launch
     from echo.network import gloo_bench
     from echo.network.calibrate import calibrated_model
 
@@ -363,9 +353,9 @@ def test_local_gloo_calibration_runs_its_ranks_at_the_given_priority(monkeypatch
         seen.append(kwargs["preexec_fn"])
         raise Stop
 
-    monkeypatch.setattr(ranks.subprocess, "Popen", popen)
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
     with pytest.raises(Stop):
         calibrated_model(load_topology("local-gloo"), priority="rt")
-    assert isinstance(seen[0], functools.partial) and seen[0].func is ranks.prioritize and seen[0].args == ("rt",)
+    assert isinstance(seen[0], functools.partial) and seen[0].func is launch.prioritize and seen[0].args == ("rt",)
     with pytest.raises(ValueError, match="priority"):
         gloo_bench.run_gloo_benchmark(load_topology("local-gloo").calibration, priority="urgent")

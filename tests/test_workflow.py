@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +33,11 @@ from conftest import (
 )
 
 from echo.artifacts import SUMMARY, TIMELINE, TRACED_RANKS
-from echo.report.audit import VIEWS, audit, summaries_table
+from echo.errors import ConfigError
+from echo.report.audit import audit as audit_views
+from echo.report.audit import summaries_table
+from echo.workflow import params, paths
+from echo.workflow.paths import VIEWS
 
 EXPERIMENTS = [tuple(e[k] for k in ("workload", "hardware", "topology"))
                for e in yaml.safe_load((REPO / "config" / "config.yaml").read_text())["experiments"]]
@@ -91,7 +96,7 @@ def test_lint_is_clean() -> None:
 
 
 def test_rules_get_only_their_config_slice() -> None:
-    """Topology reaches only calibrate/simulate, hardware only profile/simulate (DESIGN.md 1)."""
+    """Topology reaches only calibrate/simulate, hardware only profile/simulate (docs/DESIGN.md, "The pipeline")."""
     rules = {p.stem: p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")}
     for rule, text in rules.items():
         if rule == "common":
@@ -102,8 +107,29 @@ def test_rules_get_only_their_config_slice() -> None:
         # trace and dedup get the workload without its simulation-only keys (overlap flags)
         assert ("workload=trace_workload_params" in text) == (rule in ("trace", "dedup")), rule
         assert ("workload=workload_params" in text) == (rule in ("simulate", "measure")), rule
+        for name, function in params.CONFIG_PARAMS.get(rule, {}).items():  # what `echo status` recomputes
+            assert f"{name}={function.__name__}," in text, (rule, name)
         for directive in ("log:", "benchmark:", 'conda:\n        "../envs/echo.yaml"'):
             assert directive in text, (rule, directive)
+
+
+def test_paths_fill_the_wildcards_given() -> None:
+    assert paths.TRACE("ops.parquet") == "results/trace/{workload}/ops.parquet"
+    assert paths.SIMULATE("summary.parquet", workload="w", results=Path("/r")) == (
+        "/r/simulate/w/{hardware}/{topology}/summary.parquet")
+    assert paths.fit("a100-sxm-80gb") == "results/fit/a100-sxm-80gb.json"
+    assert paths.VIEWS["kernels"] == "profile/{workload}/{hardware}/kernels.parquet"
+
+
+def test_overlap_is_measured_for_cpu_hardware_only() -> None:
+    """The overlap rule's params refuse a GPU; the simulate rule reads the measurement for cpu hardware."""
+    root = REPO / "config"
+    cpu, gpu = SimpleNamespace(hardware="local-cpu"), SimpleNamespace(hardware="a100-sxm-80gb")
+    with pytest.raises(ConfigError, match="kind: the overlap slowdown is measured on this machine only"):
+        params.overlap_device(gpu, root)
+    assert params.overlap_device(cpu, root) == {"name": "local-cpu", "kind": "cpu"}
+    assert params.overlap_input(cpu, root) == ["results/overlap/local-cpu/slowdown.parquet"]
+    assert params.overlap_input(gpu, root) == []
 
 
 # --- bad input is refused while the DAG is built ------------------------------------------------
@@ -179,7 +205,7 @@ def test_hardware_edit_reruns_only_profile_and_simulate(completed: Path) -> None
 
 
 def test_workload_edit_reruns_its_chain_only(completed: Path) -> None:
-    edit_yaml(completed / "config" / "workloads" / "tiny-pp2.yaml", **{"training.global_batch": 16})
+    edit_yaml(completed / "config" / "workloads" / "tiny-pp2.yaml", **{"training.micro_batch": 4})  # a traced key
     exp = [e for e in EXPERIMENTS if e[0] == "tiny-pp2"]
     assert dry_run(completed) == jobs_for(exp, rules=("trace", "dedup", "profile", "simulate")) | plots_for(
         exp) | REPORT
@@ -205,10 +231,10 @@ def test_stage_code_change_reruns_that_stage(completed: Path) -> None:
 
 
 def test_shared_module_change_reruns_its_users(completed: Path) -> None:
-    from echo import versioning
+    from echo.workflow import versions
 
-    users = {s for s in versioning.STAGE_MODULES
-             if completed / "echo" / "errors.py" in versioning.stage_files(s, completed / "echo")}
+    users = {s for s in versions.STAGE_MODULES
+             if completed / "echo" / "errors.py" in versions.stage_files(s, completed / "echo")}
     assert {"trace", "calibrate", "simulate"} <= users  # everything that loads configs
     errors_py = completed / "echo" / "errors.py"
     errors_py.write_text(errors_py.read_text() + "\n# changed\n")
@@ -220,7 +246,7 @@ def test_shared_module_change_reruns_its_users(completed: Path) -> None:
 
 
 def test_code_version_follows_imports(tmp_path: Path) -> None:
-    from echo.versioning import code_version, stage_files
+    from echo.workflow.versions import code_version, stage_files
 
     root = tmp_path / "echo"
     files = {
@@ -243,7 +269,7 @@ def test_code_version_follows_imports(tmp_path: Path) -> None:
     assert "network/model.py" in names["simulate"] and "network/__init__.py" in names["simulate"]
 
     def versions() -> dict[str, str]:
-        from echo.versioning import _code_version
+        from echo.workflow.versions import _code_version
         _code_version.cache_clear()
         return {s: code_version(s, root) for s in ("trace", "calibrate", "simulate", "dedup")}
 
@@ -315,6 +341,10 @@ def write_summary(results: Path, w: str, h: str, t: str, step: float) -> None:
     pq.write_table(pa.table(row, schema=SUMMARY), results / "simulate" / w / h / t / "summary.parquet")
 
 
+def audit(sql: str | None, results: Path) -> str:
+    return audit_views(sql, results, VIEWS)
+
+
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
     results = tmp_path / "results"
@@ -352,8 +382,8 @@ def test_audit_sql_table(results: Path) -> None:
 
 
 def test_audit_every_view_name_matches_design() -> None:
-    # the pipeline's artifacts (DESIGN.md section 3) first, then validation and sweeps
-    assert [v.name for v in VIEWS] == ["ops", "comms", "deps", "traced_ranks", "rank_classes", "kernels",
+    # the pipeline's artifacts (docs/DESIGN.md, "Paths") first, then validation and sweeps
+    assert list(VIEWS) == ["ops", "comms", "deps", "traced_ranks", "rank_classes", "kernels",
                                        "collectives", "calibration_measurements", "summary", "timeline",
                                        "overlap_slowdown", "measured",
                                        "measured_phases", "compare", "published", "sweep_layouts", "sweep_ranking"]
@@ -361,7 +391,7 @@ def test_audit_every_view_name_matches_design() -> None:
 
 def test_audit_empty_results(tmp_path: Path) -> None:
     assert "no results" in audit(None, tmp_path)
-    assert "no simulation summaries" in summaries_table(tmp_path)
+    assert "no simulation summaries" in summaries_table([], tmp_path)
 
 
 def test_cli_audit_and_report(results: Path) -> None:

@@ -1,4 +1,4 @@
-"""Typed, validated configuration: workloads, hardware and topologies (see DESIGN.md section 3)."""
+"""Typed, validated configuration: workloads, hardware and topologies (docs/DESIGN.md, "Contracts")."""
 
 from echo.config.hardware import Hardware
 from echo.config.loader import (

@@ -23,10 +23,20 @@ class Provenance(BaseModel):
     """Where one compute-model parameter comes from."""
 
     model_config = _STRICT
-    status: Literal["calibrated", "transferred", "assumed", "datasheet"] = Field(
-        description="calibrated: fitted here to published measurements of this GPU; transferred: fitted "
-                    "on another GPU and carried over; assumed: a judgement, not fitted; datasheet: a spec")
+    status: Literal["fitted", "transferred", "assumed", "datasheet"] = Field(
+        description="fitted: by echo.fit to published measurements of this GPU (compute_model.fitted_by); "
+                    "transferred: fitted on another GPU and carried over; assumed: a judgement; datasheet: a spec")
     basis: str = Field(description="the measurements, the fit and its error, or the reasoning")
+
+
+class FittedBy(BaseModel):
+    """The fit (echo.fit, rule fit) that gave the parameters whose provenance says fitted."""
+
+    model_config = _STRICT
+    fit: str = Field(description="its report, results/fit/<hardware>.json: values, fit and held-out rows, inputs")
+    parameters: tuple[str, ...] = Field(min_length=1, strict=False, description="the parameters it fitted")
+    code: str = Field(pattern="^[0-9a-f]{12}$", description="its code version (code_version('fit')); another today "
+                      "makes the fit stale (echo.fit.stale_fits) until it is re-run and this file updated")
 
 
 class ComputeModel(BaseModel):
@@ -43,14 +53,22 @@ class ComputeModel(BaseModel):
     sm_count: PositiveInt = Field(description="streaming multiprocessors, for wave quantization")
     source: str = Field("", description="provenance of these figures, in one line")
     provenance: dict[str, Provenance] = Field(
-        default_factory=dict, description="per parameter (matmul_efficiency, ...): calibrated, transferred, assumed or datasheet")
+        default_factory=dict, description="per parameter (matmul_efficiency, ...): fitted, transferred, assumed or datasheet")
+    fitted_by: FittedBy | None = Field(None, description="the fit the parameters with provenance fitted come from")
+
+    @classmethod
+    def parameter_names(cls) -> list[str]:
+        return [p for p in cls.model_fields if p not in ("source", "provenance", "fitted_by")]
 
     @model_validator(mode="after")
     def _provenance_names_parameters(self) -> ComputeModel:
-        params = set(type(self).model_fields) - {"source", "provenance"}
-        unknown = sorted(set(self.provenance) - params)
+        params, named = self.parameter_names(), set(self.fitted_by.parameters if self.fitted_by else ())
+        unknown = sorted((set(self.provenance) | named) - set(params))
         if unknown:
-            raise ValueError(f"provenance for unknown parameters {unknown}; parameters: {', '.join(sorted(params))}")
+            raise ValueError(f"provenance or fitted_by of unknown parameters {unknown}; parameters: {', '.join(sorted(params))}")
+        fitted = {p for p, v in self.provenance.items() if v.status == "fitted"}
+        if fitted != named:
+            raise ValueError(f"provenance says fitted for {sorted(fitted)}, fitted_by names {sorted(named)}")
         return self
 
 

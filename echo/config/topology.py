@@ -60,7 +60,7 @@ class Calibration(BaseModel):
     ranks: PositiveInt = Field(2, description="gloo benchmark: processes")
     iters: PositiveInt = Field(5, description="gloo benchmark: timed repeats per size")
     logs: tuple[str, ...] = Field((), validate_default=True,
-                                  description="nccl_tests: log files, relative to the repository or its parent")
+                                  description="nccl_tests: log files, relative to the reference folder (echo.reference)")
 
     @field_validator("logs", mode="before")
     @classmethod

@@ -83,10 +83,14 @@ class ParallelConfig(BaseModel):
         return self.tp * self.pp * self.dp * self.cp
 
 
-# ParallelConfig keys that change only how the simulator replays a trace, not what is traced: the
-# trace, dedup and profile stages see the workload without them (workflow/rules/common.smk), so
-# flipping one re-runs the simulation only.
-SIMULATION_ONLY = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+# What the tracer does not read, per section: how the simulator replays a trace (the pipeline
+# schedule over the traced chunks, the overlap flags) and how many micro-batches it repeats. The
+# trace, dedup and profile stages see the workload without these keys (trace_dump), so changing
+# one re-runs the simulation only, and sweep layouts that differ only in them share one trace.
+NOT_TRACED = {
+    "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"),
+    "training": ("global_batch",),
+}
 
 
 class TrainingConfig(BaseModel):
@@ -120,13 +124,23 @@ class Workload(BaseModel):
         t, p = self.training, self.parallel
         return t.global_batch // (t.micro_batch * p.dp)
 
+    def traced(self) -> Workload:
+        """The workload as the tracer sees it: the ``NOT_TRACED`` keys set to fixed values (a
+        schedule that runs the same chunks, no overlap flag, one micro-batch per stage), so that
+        workloads differing only in them trace alike and the trace cannot come to depend on them."""
+        p, t = self.parallel, self.training
+        fixed = {
+            "parallel": {"schedule": "interleaved" if p.virtual_stages > 1 else "1f1b", "overlap_grad_reduce": False,
+                         "overlap_param_gather": False, "tp_comm_overlap": False},
+            "training": {"global_batch": t.micro_batch * p.dp * p.pp},
+        }
+        assert {k: tuple(v) for k, v in fixed.items()} == NOT_TRACED, "traced() must fix exactly NOT_TRACED"
+        return self.model_copy(update={"parallel": p.model_copy(update=fixed["parallel"]),
+                                       "training": t.model_copy(update=fixed["training"])})
+
     def trace_dump(self) -> dict:
-        """``model_dump()`` without the simulation-only keys (``SIMULATION_ONLY``): what the trace,
-        dedup and profile stages depend on."""
-        d = self.model_dump()
-        for key in SIMULATION_ONLY:
-            d["parallel"].pop(key, None)
-        return d
+        """``traced().model_dump()``: what the trace, dedup and profile stages depend on."""
+        return self.traced().model_dump()
 
     def contradictions(self) -> list[tuple[str, str]]:
         """(key, reason) for every pair of numbers that cannot both hold."""

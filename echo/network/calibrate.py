@@ -45,6 +45,7 @@ from echo.network.fit import (
 from echo.network.gloo_bench import FUNCTIONAL, run_gloo_benchmark
 from echo.network.model import NetworkModel
 from echo.network.nccl_tests import MEASUREMENTS, read_log, resolve_logs
+from echo.network.plots import plot_busbw
 
 SIZES = [1024 << i for i in range(25)]  # 1 KiB .. 16 GiB
 MULTI_NODE_COUNTS = (2, 4, 16)
@@ -95,8 +96,8 @@ def _gloo_measurements(bench: pa.Table) -> pa.Table:
 def read_topology_logs(topology: Topology, logs: list[str | Path] | None = None, *,
                        config_file: str | Path | None = None, root: str | Path | None = None) -> pa.Table:
     """The measurements of a topology's nccl-tests logs (``logs``: their resolved paths, in the
-    order the topology lists them; default: resolved here). Each log's ranks must fit the
-    topology's nodes."""
+    order the topology lists them; default: resolved in the reference folder ``root``, see
+    ``echo.reference``). Each log's ranks must fit the topology's nodes."""
     config_file = config_file or _config_file(topology)
     names = topology.calibration.logs
     paths = [Path(p) for p in logs] if logs is not None else resolve_logs(names, config_file, root)
@@ -121,7 +122,7 @@ def calibrated_model(topology: Topology, logs: list[str | Path] | None = None, *
     """The topology's model, benchmarked or fitted when its calibration asks for it, and the
     measurements it came from (empty for a nominal topology). ``holdout``: also refit without
     each multi-node log and record how well that predicts it (``fit["leave_one_out"]``).
-    ``priority``: how a local gloo benchmark's ranks are scheduled (echo.ranks.prioritize)."""
+    ``priority``: how a local gloo benchmark's ranks are scheduled (echo.launch.prioritize)."""
     base = NetworkParams.from_topology(topology)
     source = topology.calibration.source
     if source == "gloo_benchmark":
@@ -192,9 +193,7 @@ def run_calibrate(topology: Topology, out_dir: Path, logs: list[str | Path] | No
     """Write the calibrate outputs (``OUTPUTS``) for ``topology`` into ``out_dir``.
 
     ``logs``: resolved paths of the topology's nccl-tests logs (the workflow passes its inputs);
-    by default they are looked up under ``root`` (default: the working directory) and its parent."""
-    from echo.network.plots import plot_busbw
-
+    by default they are looked up in the reference folder ``root`` (``echo.reference``)."""
     out_dir = Path(out_dir)
     model, measured = calibrated_model(topology, logs, root=root, priority=priority)
     table = prediction_table(model, measured)

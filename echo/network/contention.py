@@ -20,7 +20,7 @@ NVLink inside a node and over the NICs between nodes.
 Sharing is max-min fair in bytes (``max_min_rates``, progressive filling): all flows' rates on
 their own busiest link grow together until a link is full or a flow reaches its standalone
 speed; the flows on a full link keep their share, the others grow on. Rates are recomputed
-whenever a flow starts or ends its latency or its data (``simulate_transfers``). So two equal
+whenever a flow starts or ends its latency or its data (``simulate_flows``). So two equal
 all-reduces over the same nodes' NICs each take about twice as long as one (plus the latency,
 once), and transfers with no link in common do not slow each other.
 
@@ -33,10 +33,10 @@ API::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from echo.network.costs import P2P_OPS, Candidate, best, candidates
+from echo.network.costs import P2P_OPS, Candidate, NetworkParams, Shape, best, candidates
 
 _EPS = 1e-12
 
@@ -63,11 +63,9 @@ def _members(op: str, group: Sequence[int]) -> tuple[list[int], list[int]]:
     return ranks, ranks
 
 
-def flow_of(model, op: str, group: Iterable[int], nbytes: int) -> Flow:
-    """The flow of one transfer alone: its chosen candidate's latency, data time and link loads."""
-    group = list(dict.fromkeys(int(r) for r in group))
-    params = model.params
-    shape = model.shape(group)
+def flow_of(params: NetworkParams, shape: Shape, op: str, group: Sequence[int], nbytes: int) -> Flow:
+    """The flow of one transfer alone on ``group`` (distinct global ranks, of placement
+    ``shape``): its chosen candidate's latency, data time and link loads."""
     time_us, cand = best(candidates(params, op, shape), float(nbytes))
     if time_us <= 0:
         return Flow(0.0, 0.0, {})
@@ -87,7 +85,7 @@ def flow_of(model, op: str, group: Iterable[int], nbytes: int) -> Flow:
     return Flow(cand.latency_us, data, loads)
 
 
-def _tiers(cand: Candidate, nodes: int, params) -> list[tuple[str, float, float]]:
+def _tiers(cand: Candidate, nodes: int, params: NetworkParams) -> list[tuple[str, float, float]]:
     """(link kind, bytes per message byte per GPU, capacity GB/s) of a chosen candidate."""
     if cand.algorithm == "p2p":
         return [("nic", 1.0, params.nic_bw_GBps)] if nodes > 1 else [("nvlink", 1.0, params.intra_bw_GBps)]
@@ -160,13 +158,3 @@ def simulate_flows(flows: Sequence[Flow], starts_us: Sequence[float]) -> list[fl
                 finish[i] = now
     return finish
 
-
-def simulate_transfers(model, transfers: Sequence, starts_us: Sequence[float] | None = None) -> list[float]:
-    """Durations (us) of overlapping ``(op, group, nbytes)`` transfers on ``model``'s network,
-    each measured from its own start (default: all start at 0)."""
-    starts = [0.0] * len(transfers) if starts_us is None else [float(s) for s in starts_us]
-    if len(starts) != len(transfers):
-        raise ValueError(f"concurrent: {len(transfers)} transfers but {len(starts)} start times")
-    flows = [flow_of(model, op, group, nbytes) for op, group, nbytes in transfers]
-    ends = simulate_flows(flows, starts)
-    return [end - start for end, start in zip(ends, starts, strict=True)]

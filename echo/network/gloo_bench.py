@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from echo.config.topology import Calibration
-from echo.ranks import free_port, launch, wait
+from echo.launch import free_port, launch, wait
 
 FUNCTIONAL = "functional:"  # an op called through torch's functional collectives (DTensor's path)
 PLAIN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send")
@@ -173,7 +173,7 @@ def _worker(rank: int, spec: dict) -> None:
 def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS,
                        timeout_s: float = _TIMEOUT_S, priority: str = "none") -> pa.Table:
     """Benchmark ``ops`` with ``calibration.ranks`` gloo processes on 127.0.0.1, scheduled as
-    ``priority`` (echo.ranks.prioritize: the calibrate stage passes the measure stage's, so that
+    ``priority`` (echo.launch.prioritize: the calibrate stage passes the measure stage's, so that
     the collectives are timed as the real runs they predict schedule theirs).
 
     Returns a table (op, gpus, bytes, time_us); ``gpus`` is the group size (2 for send).
@@ -198,5 +198,5 @@ def run_gloo_benchmark(calibration: Calibration, ops: Sequence[str] = BENCH_OPS,
             return pa.ipc.open_file(source).read_all()
 
 
-if __name__ == "__main__":  # a worker started by echo.ranks.launch
+if __name__ == "__main__":  # a worker started by echo.launch.launch
     _worker(int(sys.argv[1]), json.loads(sys.argv[2]))

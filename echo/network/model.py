@@ -3,13 +3,15 @@
 ``NetworkModel(topology).estimate("all_reduce", group=[0, 1, ..., 7], nbytes=1 << 30)`` returns an
 ``Estimate`` (time, algbw, busbw, algorithm, protocol). Sizes follow nccl-tests (``bytes`` in
 COMMS): the all-reduce buffer, the whole all-gather output, the whole reduce-scatter input.
-The formulas live in ``echo.network.costs``; this module adds placement, caching and the
-``network.json`` file that the calibrate stage writes and the simulate stage reads.
+The formulas live in ``echo.network.costs``, link sharing in ``echo.network.contention``; this
+module adds placement, caching and the ``network.json`` file that the calibrate stage writes and
+the simulate stage reads. ``CollectiveCosts`` is what the simulator asks of a network.
 """
 
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from functools import lru_cache, partial
 from pathlib import Path
@@ -17,10 +19,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from echo.artifacts import RESULTS
-from echo.config import Topology, load_topology
+from echo.config import Topology
 from echo.io import write_json
 from echo.network import costs
+from echo.network.contention import Flow, flow_of, simulate_flows
 from echo.network.costs import NetworkParams, Shape, best, bus_factor, candidates
 
 SOURCES = ("nominal", "fitted")
@@ -39,7 +41,24 @@ class Estimate(NamedTuple):
     protocol: str    # LL | simple | none
 
 
-class NetworkModel:
+class CollectiveCosts(ABC):
+    """What the simulator asks of a network (``NetworkModel``, or a test's stand-in): a
+    collective's time and, optionally, its link loads and its calling API's own overhead."""
+
+    @abstractmethod
+    def estimate(self, op: str, group: Sequence[int], *, nbytes: int) -> Estimate:
+        """Cost of one ``op`` of ``nbytes`` on ``group`` (global ranks)."""
+
+    def flow(self, op: str, group: Sequence[int], nbytes: int) -> Flow | None:
+        """Latency, data time and link loads of the transfer; None: it fills its device's link."""
+        return None
+
+    def api_overhead_us(self, api: str, op: str, nbytes: int) -> float:
+        """Extra microseconds of a collective called through ``api`` (c10d | functional)."""
+        return 0.0
+
+
+class NetworkModel(CollectiveCosts):
     """Collective costs on one topology, from its nominal figures or from fitted parameters."""
 
     def __init__(self, topology: Topology, params: NetworkParams | None = None,
@@ -89,17 +108,28 @@ class NetworkModel:
             "algorithm": [c.algorithm for c in chosen], "protocol": [c.protocol for c in chosen],
         }
 
+    def flow(self, op: str, group: Sequence[int], nbytes: int) -> Flow:
+        """One transfer alone as link sharing sees it (``echo.network.contention.flow_of``)."""
+        group = list(dict.fromkeys(int(r) for r in group))
+        return flow_of(self.params, self.shape(group), op, group, nbytes)
+
+    def api_overhead_us(self, api: str, op: str, nbytes: int) -> float:
+        return self.params.api_overhead_us(api, op, nbytes)
+
     def concurrent(self, transfers: Sequence, starts_us: Sequence[float] | None = None) -> list[float]:
-        """Durations (us) of transfers that overlap, sharing the links they have in common.
+        """Durations (us) of transfers that overlap, sharing the links they have in common, each
+        measured from its own start.
 
         ``transfers``: ``(op, group, nbytes)`` tuples (group = global ranks; for ``send`` the
         group is ``[src, dst]``, for ``recv`` ``[self, peer]``, as in COMMS), all starting at 0
         unless ``starts_us`` says otherwise. Each transfer runs its standalone algorithm; where
         several use one GPU's NVLink port or NIC at once they get max-min fair shares of it
         (``echo.network.contention``). A transfer alone takes exactly ``estimate(...).time_us``."""
-        from echo.network.contention import simulate_transfers
-
-        return simulate_transfers(self, transfers, starts_us)
+        starts = [0.0] * len(transfers) if starts_us is None else [float(s) for s in starts_us]
+        if len(starts) != len(transfers):
+            raise ValueError(f"concurrent: {len(transfers)} transfers but {len(starts)} start times")
+        ends = simulate_flows([self.flow(op, group, nbytes) for op, group, nbytes in transfers], starts)
+        return [end - start for end, start in zip(ends, starts, strict=True)]
 
     def _estimate_shape(self, op: str, shape: Shape, nbytes: int) -> Estimate:
         time_us, chosen = best(self._candidates(op, shape), nbytes)
@@ -129,45 +159,3 @@ class NetworkModel:
     def load(cls, path: str | Path) -> NetworkModel:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
-
-def model_for(topology_name: str, results: str | Path = RESULTS, config_root: Path | None = None) -> NetworkModel:
-    """The calibrated model of a topology: calibrate's network.json if it was written for this
-    very config (and this version of the model), else, for a topology calibrated from nccl-tests
-    logs, a fit of them made now (a few seconds), else the nominal model.
-
-    A network.json written for an older version of the topology file is ignored: its fit
-    describes a network that no longer exists. A local gloo benchmark is not run here (it takes
-    the machine for a while): ``python -m echo calibrate`` does that."""
-    topo = load_topology(topology_name, root=config_root)
-    path = Path(results) / "calibrate" / topology_name / "network.json"
-    if path.is_file():
-        try:
-            model = NetworkModel.load(path)
-        except (KeyError, TypeError, ValueError):  # written by another version of the model
-            model = None
-        if model is not None and model.topology == topo:
-            return model
-    if topo.calibration.source == "nccl_tests":
-        from echo.config import config_path
-        from echo.network.calibrate import calibrated_model
-
-        config_file = config_path("topology", topology_name, config_root)
-        model, _ = calibrated_model(topo, config_file=config_file, root=config_file.parents[2], holdout=False)
-        return model
-    return NetworkModel(topo)
-
-
-def collective_main(topology_name: str, op: str, gpus: int, nbytes: int, *,
-                    results: str | Path = RESULTS, config_root: Path | None = None) -> dict:
-    """``python -m echo collective``: one collective on ranks 0..gpus-1, as a JSON-able dict.
-
-    Ranks fill nodes in order, so N <= gpus_per_node GPUs share one node and N = k x
-    gpus_per_node span k whole nodes (other N leave the last node partly used)."""
-    if gpus < 1 or nbytes < 0:
-        raise ValueError(f"collective: need --gpus >= 1 and --bytes >= 0, got {gpus} and {nbytes}")
-    model = model_for(topology_name, results, config_root)
-    est = model.estimate(op, gpus=gpus, nbytes=nbytes)
-    shape = model.shape(gpus=gpus)
-    return {"topology": topology_name, "op": op, "gpus": gpus, "nodes": shape.nodes, "bytes": nbytes,
-            "time_us": est.time_us, "algbw_GBps": est.algbw_GBps, "busbw_GBps": est.busbw_GBps,
-            "algorithm": est.algorithm, "protocol": est.protocol, "source": model.source}

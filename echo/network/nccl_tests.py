@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from echo.errors import ConfigError
+from echo.reference import reference_file
 
 # nccl-tests binary (without _perf) -> echo's op name
 COLLECTIVES = {
@@ -429,31 +430,8 @@ def read_logs(paths: Iterable[str | Path]) -> pa.Table:
 
 # --- where a topology's logs live --------------------------------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def search_roots(root: str | Path | None = None) -> list[Path]:
-    """Folders a relative log path is looked up in: ``root`` (default: the working directory)
-    and its parent, then this package's repository and its parent (shared/ sits beside it)."""
-    first = Path(root) if root is not None else Path.cwd()
-    out: list[Path] = []
-    for p in (first, first.parent, REPO_ROOT, REPO_ROOT.parent):
-        p = p.resolve()
-        if p not in out:
-            out.append(p)
-    return out
-
-
 def resolve_logs(logs: Sequence[str], config_file: str | Path, root: str | Path | None = None) -> list[Path]:
-    """Existing paths of a topology's ``calibration.logs``; a missing one is a ConfigError."""
-    out = []
-    roots = search_roots(root)
-    for i, name in enumerate(logs):
-        path = Path(name)
-        tried = [path] if path.is_absolute() else [r / path for r in roots]
-        found = next((p for p in tried if p.is_file()), None)
-        if found is None:
-            raise ConfigError(config_file, f"calibration.logs.{i}",
-                              f"log file '{name}' not found; looked in {', '.join(str(p.parent) for p in tried)}")
-        out.append(found)
-    return out
+    """Existing paths of a topology's ``calibration.logs``, named relative to the reference folder
+    (``root``, as for ``echo.reference.reference_root``); a missing one is a ConfigError."""
+    return [reference_file(name, root, config_file=config_file, key=f"calibration.logs.{i}")
+            for i, name in enumerate(logs)]

@@ -19,6 +19,7 @@ busy windows alternate so that drift (clock, other jobs) hits both alike.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import sys
 import tempfile
@@ -28,8 +29,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from echo.launch import free_port, launch, wait
 from echo.overlap.table import OP_CLASSES, SLOWDOWN
-from echo.ranks import free_port, launch, wait
+
+log = logging.getLogger(__name__)
 
 RANKS = 2
 THREADS = 1
@@ -203,6 +206,25 @@ def measure_slowdown(classes=OP_CLASSES, ranks: int = RANKS, comm_bytes: int = C
                             ("ranks", ranks), ("threads", threads), ("source", "measured")):
             cols[name].append(value)
     return pa.table(cols, schema=SLOWDOWN)
+
+
+def run_overlap(hardware, out_path: Path) -> None:
+    """The ``overlap`` rule's stage: measure the overlap slowdown of this machine
+    (``hardware.kind`` must be cpu) into ``out_path`` (SLOWDOWN rows, one per op class). It lives
+    here, not in the package's __init__, so that the simulator, which imports the table, does not
+    carry the measurement's code in its code version."""
+    from echo.errors import ConfigError
+    from echo.io import write_parquet
+
+    if hardware.kind != "cpu":
+        raise ConfigError(f"config/hardware/{hardware.name}.yaml", "kind",
+                          "the overlap slowdown is measured on this machine only (kind: cpu); GPUs use "
+                          "echo.overlap.table.GPU_TABLE")
+    table = measure_slowdown()
+    write_parquet(table, out_path, SLOWDOWN)
+    for row in table.to_pylist():
+        log.info("overlap %-13s %-36s alone %9.1f us, beside %s %9.1f us: s = %.3f", row["op_class"],
+                 row["kernel"], row["alone_us"], row["comm_op"], row["overlapped_us"], row["slowdown"])
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ Where the figures come from, per hardware (``slowdown_table(hardware)``):
   timing kernels of every class with and without concurrent gloo all-reduce traffic, written to
   ``results/overlap/{hardware}/slowdown.parquet`` and passed to the simulate stage.
 - GPUs: the Echo paper's per-kernel figures next to a 25 MB NCCL all-reduce on an A100 node
-  (arXiv 2412.12487 section 2.3, ``shared/reference/echo_overlap_slowdown.csv``): GEMM 1.269x,
+  (arXiv 2412.12487 section 2.3, ``echo_overlap_slowdown.csv`` of the reference folder): GEMM 1.269x,
   sum 1.508x, transform 1.142x, gradient 1.613x. ``PUBLISHED`` maps each op class to the
   closest of the four kernels. No per-kernel figure is published for H100, H200 or B200; they
   use the A100 figures until measured (the paper's A800 / RTX 3090 rows show the factor moving

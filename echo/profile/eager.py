@@ -125,12 +125,10 @@ def _eager_runs(n: int) -> dict[str, list[float]]:
     """Median eager micro-batch (ms) of each of ``n`` reference processes, each timed alone (the
     others idle) and then all side by side: a process's two figures share its heap and memory
     layout, which moved a process's time by up to 5% against another's."""
-    from echo.ranks import free_port, prioritize
+    from echo import launch
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    procs = [subprocess.Popen([sys.executable, "-m", "echo.profile.eager", "eager", str(free_port())], env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=lambda: prioritize(PRIORITY))
+    procs = [launch.start("echo.profile.eager", "eager", launch.free_port(), priority=PRIORITY, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for _ in range(n)]
     try:
         for p in procs:
@@ -164,8 +162,9 @@ def _reply(p: subprocess.Popen) -> float:
 
 
 def _child(args: list[str]) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", "echo.profile.eager", *args], env=env, capture_output=True, text=True)
+    from echo import launch
+
+    proc = launch.run("echo.profile.eager", *args)
     if proc.returncode:
         raise RuntimeError(f"eager calibration ({args[0]}) failed:\n{proc.stderr[-3000:]}")
 

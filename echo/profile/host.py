@@ -30,10 +30,7 @@ the development machine, with outliers near 60 us while another job ran).
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -136,10 +133,11 @@ def dtensor_call_us(cache_dir: Path | None) -> dict:
 
 def _measure_in_processes() -> dict:
     """``PROCESSES`` fresh interpreters one after the other; the middle one's figures."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    from echo import launch
+
     runs = []
     for _ in range(PROCESSES):
-        proc = subprocess.run([sys.executable, "-m", "echo.profile.host"], env=env, capture_output=True, text=True)
+        proc = launch.run("echo.profile.host")
         if proc.returncode:
             raise RuntimeError(f"measuring DTensor's host overhead failed:\n{proc.stderr[-3000:]}")
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ from typing import Any
 
 import torch
 
+from echo import launch
 from echo.profile import rebuild
 
 METHOD = "inloop-replay/thread-cpu-time/chained/median-windows/mean-of-processes/v3"  # cache identity of replayed timings
@@ -121,11 +121,9 @@ def replay_in_processes(trace_dir, wanted: set[str], processes: int = PROCESSES)
         spec = os.path.join(tmp, "wanted.json")
         with open(spec, "w") as fh:
             json.dump(sorted(wanted), fh)
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         for i in range(processes):
             out = os.path.join(tmp, f"times{i}.json")
-            proc = subprocess.run([sys.executable, "-m", "echo.profile.inloop", str(trace_dir), spec, out],
-                                  env=env, capture_output=True, text=True)
+            proc = launch.run("echo.profile.inloop", trace_dir, spec, out)
             if proc.returncode:
                 raise RuntimeError(f"in-loop replay of {trace_dir} failed:\n{proc.stderr[-3000:]}")
             with open(out) as fh:

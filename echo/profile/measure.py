@@ -2,7 +2,7 @@
 
 One thread and the minimum of many samples: on the project's shared 2-core machines timings with
 2 threads varied up to 20x at p90, single-threaded minima of single calls were stable to about
-1.6x (TRACING-NOTES). A few more things bring repeated profiles within 10% per kernel:
+1.6x (docs/DESIGN.md, "Timing on a shared machine"). A few more things bring repeated profiles within 10% per kernel:
 
 - the clock is the timing thread's CPU time (``CLOCK_THREAD_CPUTIME_ID``), not wall time: with one
   intra-op thread the op runs entirely on this thread, and when other jobs share the cores the time

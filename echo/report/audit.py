@@ -1,17 +1,11 @@
 """Ask the results SQL questions: one DuckDB view per artifact kind over all files of that kind.
 
-Every view reads all files of its kind (``read_parquet`` over a glob, columns unioned by name)
-and gains the wildcards of each file's path as columns (``workload``, ``hardware``,
-``topology``) where the files do not have them already::
-
-    ops, comms, deps, traced_ranks      results/trace/{workload}/{ops,comms,deps,ranks}.parquet
-    rank_classes                        results/dedup/{workload}/rank_classes.parquet
-    kernels                             results/profile/{workload}/{hardware}/kernels.parquet
-    collectives                         results/calibrate/{topology}/collectives.parquet
-    summary, timeline                   results/simulate/{workload}/{hardware}/{topology}/...
-    benchmarks                          results/benchmarks/{rule}/{target}.tsv (Snakemake's)
-
-Views whose files do not exist yet are left out. ``python -m echo audit`` lists the views and
+The views are given by the caller, {view name: file pattern under the results folder} (the
+workflow's are echo.workflow.paths.VIEWS, e.g. ``kernels``: profile/{workload}/{hardware}/kernels.parquet),
+plus ``benchmarks``, Snakemake's results/benchmarks/{rule}/{target}.tsv. Every view reads all
+files of its kind (``read_parquet`` over a glob, columns unioned by name) and gains the
+wildcards of each file's path as columns (``workload``, ``hardware``, ``topology``) where the
+files do not have them already. Views whose files do not exist yet are left out. ``python -m echo audit`` lists the views and
 their columns; ``python -m echo audit "SELECT ..."`` prints the result as a table.
 """
 
@@ -20,7 +14,7 @@ from __future__ import annotations
 import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,26 +49,6 @@ class ViewSpec:
         return f"{body}$"
 
 
-VIEWS: tuple[ViewSpec, ...] = (
-    ViewSpec("ops", "trace/{workload}/ops.parquet"),
-    ViewSpec("comms", "trace/{workload}/comms.parquet"),
-    ViewSpec("deps", "trace/{workload}/deps.parquet"),
-    ViewSpec("traced_ranks", "trace/{workload}/ranks.parquet"),
-    ViewSpec("rank_classes", "dedup/{workload}/rank_classes.parquet"),
-    ViewSpec("kernels", "profile/{workload}/{hardware}/kernels.parquet"),
-    ViewSpec("collectives", "calibrate/{topology}/collectives.parquet"),
-    ViewSpec("calibration_measurements", "calibrate/{topology}/measurements.parquet"),
-    ViewSpec("summary", "simulate/{workload}/{hardware}/{topology}/summary.parquet"),
-    ViewSpec("timeline", "simulate/{workload}/{hardware}/{topology}/timeline.parquet"),
-    ViewSpec("overlap_slowdown", "overlap/{hardware}/slowdown.parquet"),
-    ViewSpec("measured", "measure/{workload}/measured.parquet"),
-    ViewSpec("measured_phases", "measure/{workload}/phases.parquet"),
-    ViewSpec("compare", "validate/{workload}/{hardware}/{topology}/compare.parquet"),
-    ViewSpec("published", "validate/published.parquet"),
-    ViewSpec("sweep_layouts", "sweep/{sweep}/layouts.parquet"),
-    ViewSpec("sweep_ranking", "sweep/{sweep}/ranking.parquet"),
-)
-VIEW = {spec.name: spec for spec in VIEWS}
 BENCHMARKS = "benchmarks"
 MAX_ROWS = 200
 
@@ -87,13 +61,13 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def connect(results_dir: Path | str = "results") -> tuple[duckdb.DuckDBPyConnection, dict[str, int]]:
-    """An in-memory DuckDB connection with a view per artifact kind that has files under
-    ``results_dir``; also returns {view: number of files}."""
+def connect(results_dir: Path | str, views: Mapping[str, str]) -> tuple[duckdb.DuckDBPyConnection, dict[str, int]]:
+    """An in-memory DuckDB connection with a view per artifact kind of ``views`` (name -> file
+    pattern) that has files under ``results_dir``; also returns {view: number of files}."""
     results = Path(results_dir)
     con = duckdb.connect(":memory:")
     made: dict[str, int] = {}
-    for spec in VIEWS:
+    for spec in (ViewSpec(name, pattern) for name, pattern in views.items()):
         files = sorted(results.glob(spec.glob))
         if not files:
             continue
@@ -122,12 +96,12 @@ def connect(results_dir: Path | str = "results") -> tuple[duckdb.DuckDBPyConnect
     return con, made
 
 
-def audit(sql: str | None = None, results_dir: Path | str = "results", max_rows: int = MAX_ROWS) -> str:
+def audit(sql: str | None, results_dir: Path | str, views: Mapping[str, str], max_rows: int = MAX_ROWS) -> str:
     """With no SQL: the views and their columns. With SQL: its result as a readable table."""
-    con, made = connect(results_dir)
+    con, made = connect(results_dir, views)
     try:
         if not sql or not sql.strip():
-            return describe(con, made, Path(results_dir))
+            return describe(con, made, Path(results_dir), views)
         rel = con.sql(sql)
         if rel is None:  # a statement without a result (SET, CREATE ...)
             return "ok"
@@ -138,7 +112,7 @@ def audit(sql: str | None = None, results_dir: Path | str = "results", max_rows:
         con.close()
 
 
-def describe(con: duckdb.DuckDBPyConnection, made: dict[str, int], results_dir: Path) -> str:
+def describe(con: duckdb.DuckDBPyConnection, made: dict[str, int], results_dir: Path, views: Iterable[str]) -> str:
     if not made:
         return f"no results under {results_dir} yet (views appear as their files are written)"
     lines = [f"views over {results_dir}:"]
@@ -146,7 +120,7 @@ def describe(con: duckdb.DuckDBPyConnection, made: dict[str, int], results_dir: 
         cols = con.execute(f"DESCRIBE {_ident(name)}").fetchall()
         lines.append(f"  {name} ({n} file{'s' if n != 1 else ''})")
         lines.append("    " + ", ".join(f"{c[0]} {c[1]}" for c in cols))
-    missing = [s.name for s in VIEWS if s.name not in made]
+    missing = [name for name in views if name not in made]
     if missing:
         lines.append(f"not yet written: {', '.join(missing)}")
     return "\n".join(lines)
@@ -204,14 +178,10 @@ def summaries(paths: Sequence[Path | str]) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys]) if keys else table
 
 
-def summaries_table(results_dir: Path | str = "results", paths: Sequence[Path | str] | None = None) -> str:
-    """Every summary under ``results_dir`` (or the given files) as a printable table of the
-    contract columns."""
-    results = Path(results_dir)
-    if paths is None:
-        paths = sorted(results.glob(VIEW["summary"].glob))
+def summaries_table(paths: Sequence[Path | str], results_dir: Path | str = "results") -> str:
+    """The given summary files (those under ``results_dir``) as a printable table of the contract columns."""
     if not paths:
-        return f"no simulation summaries under {results} yet"
+        return f"no simulation summaries under {results_dir} yet"
     table = summaries(paths)
     shown = [c for c in SUMMARY.names if c in table.column_names]
     return render_table(table.select(shown), title=f"Echo: predicted step times ({len(paths)} experiments)")

@@ -3,10 +3,10 @@
 Symmetric mode: one timeline per pipeline stage, shared by every rank of that stage (data-parallel
 replicas and TP peers run the same tasks at the same times, so every collective's members arrive
 together), so the cost is O(stages x chunks x micro-batches) whatever the world size. ``full.py``
-expands every rank instead; both replay ops with ``chunk.replay_steps`` on ``gpu.Gpu`` devices,
+expands every rank instead; both replay ops with ``program.replay_steps`` on ``gpu.Gpu`` devices,
 and tests hold them to the same step time.
 
-Each stage runs its schedule order (schedule.py) on its compute stream. A task of virtual stage k
+Each stage runs its schedule order (echo.training.schedule) on its compute stream. A task of virtual stage k
 takes its input from the sends of the task that produced it (virtual stage k - 1 for a forward,
 k + 1 for a backward): its recv ops wait for those transfers. Sends queue on the stage's p2p
 stream of their direction and overlap (and slow, ``gpu.py``) what the stage runs next. After its
@@ -40,9 +40,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from echo.simulate.chunk import Program, RankCosts, Run, replay
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import with_buckets, with_overlaps, with_param_gather
+from echo.simulate.program import Program, RankCosts, Run, replay
 from echo.training.schedule import Task
 
 _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its virtual stage)

@@ -3,7 +3,7 @@
 For small jobs (and to check symmetric mode): each rank replays its class's programs, with the
 groups and peers of its representative relabelled to its own (a translation on the parallel
 mesh: ``Relabel``), through its pipeline stage's task order. The op semantics are the symmetric
-engine's (``chunk.replay_steps``); what differs is everything between ranks:
+engine's (``program.replay_steps``); what differs is everything between ranks:
 
 - a collective starts when the last member of its group arrives (the n-th collective a rank
   issues on a group meets the n-th of every other member); a non-blocking one then shares each
@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from echo.simulate.chunk import ASYNC, COMPUTE, Op, Program, RankCosts, replay_steps
 from echo.simulate.engine import (
     EngineOptions,
     EngineResult,
@@ -37,6 +36,7 @@ from echo.simulate.engine import (
     task_label,
 )
 from echo.simulate.gpu import Gpu
+from echo.simulate.program import ASYNC, COMPUTE, Op, Program, RankCosts, replay_steps
 from echo.training.schedule import Task
 
 MESH = ("pp", "dp", "cp", "tp")
@@ -74,7 +74,7 @@ class Relabel:
 
 def relabel_costs(costs: RankCosts, move, link_of, compute_scale: float = 1.0, timer=None) -> RankCosts:
     """A class's programs as one of its ranks runs them: groups and peers moved by ``move``, link
-    classes by ``link_of``, network times re-estimated by ``timer`` (a ``chunk.CommTimer``; the
+    classes by ``link_of``, network times re-estimated by ``timer`` (a ``costing.CommTimer``; the
     rank's groups may sit differently on the nodes than its representative's)."""
     cache: dict[int, Op] = {}
 

@@ -29,15 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-try:  # the network model's sharing (echo.network.contention)
-    from echo.network.contention import max_min_rates
-except ImportError:  # pragma: no cover - before the network model had one: equal shares
-    def max_min_rates(flows: Sequence[Mapping]) -> list[float]:
-        n = {}
-        for f in flows:
-            for r in f:
-                n[r] = n.get(r, 0) + 1
-        return [min((1.0 / n[r] for r in f), default=1.0) for f in flows]
+from echo.network.contention import max_min_rates
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from echo.simulate.chunk import ASYNC, BLOCKING, COMPUTE, Op, Program, RankCosts
+from echo.simulate.program import ASYNC, BLOCKING, COMPUTE, Op, Program, RankCosts
 
 
 def with_buckets(backward: Program, grad_sync: Program) -> tuple[Program, Program]:

@@ -1,5 +1,5 @@
 """run_simulate: read the trace, classes, kernel times, network model and overlap slowdown; write
-the summary, the timeline and the Perfetto trace.
+the summary, the timeline, the Perfetto trace and the pipeline schedule's p2p (schedule_table.py).
 
 Symmetric mode (the default) reads only representatives' ops and reduces each class once, so the
 work grows with the number of classes (first, middle and last pipeline stage today) and
@@ -20,13 +20,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from echo.artifacts import SUMMARY, TIMELINE
+from echo.artifacts import SCHEDULE, SUMMARY, TIMELINE
 from echo.io import atomic_path, write_parquet
+from echo.network.model import CollectiveCosts, NetworkModel
 from echo.overlap.table import Slowdown, slowdown_table
-from echo.simulate.chunk import CommTimer, OpContext, RankCosts, reduce_rank, slowest
+from echo.simulate.costing import CommTimer, OpContext, reduce_rank
 from echo.simulate.engine import EngineOptions, simulate
 from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
 from echo.simulate.perfetto import chrome_trace, timeline_table
+from echo.simulate.program import RankCosts, slowest
+from echo.simulate.schedule_table import schedule_table
 from echo.simulate.summary import ClassInfo, summary_table
 from echo.training.schedule import stage_orders
 
@@ -172,15 +175,15 @@ def full_ranks(classes: list[ClassInfo], mesh: Relabel, cols: Mapping[str, list]
 
 
 def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, kernels_path, calib_dir, out_dir,
-                 *, network=None, options: EngineOptions | None = None, overlap: Slowdown | Path | str | None = None,
-                 mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
+                 *, network: CollectiveCosts | None = None, options: EngineOptions | None = None,
+                 overlap: Slowdown | Path | str | None = None, mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
                  compute_scale: Mapping[int, float] | None = None) -> pa.Table:
-    """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write
-    summary.parquet, timeline.parquet and trace.json to ``out_dir`` and return the summary.
+    """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
+    timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary.
 
-    ``network``: anything with ``estimate(op, group=, nbytes=)``; default: the calibrated
-    ``echo.network.NetworkModel`` in ``calib_dir/network.json``. ``overlap``: the overlap
-    slowdown (a ``Slowdown``, or the overlap rule's parquet); default: ``slowdown_table(hardware)``.
+    ``network``: the collective costs; default: the calibrated ``echo.network.NetworkModel`` in
+    ``calib_dir/network.json``. ``overlap``: the overlap slowdown (a ``Slowdown``, or the overlap
+    rule's parquet); default: ``slowdown_table(hardware)``.
     ``mode``: symmetric | full. ``overlap_grad_reduce``: gradient buckets overlap the last
     backward; None: as the workload's ``parallel.overlap_grad_reduce`` says (engine.py). The
     other overlaps (``parallel.overlap_param_gather``, ``parallel.tp_comm_overlap``) are the
@@ -195,8 +198,7 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         raise ValueError(f"{workload.name}: full mode replays every rank; {workload.world_size} ranks is more than "
                          f"{FULL_MODE_MAX_RANKS} (use symmetric mode)")
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
-    if network is None:
-        from echo.network import NetworkModel  # the calibrate stage's model
+    if network is None:  # the calibrate stage's model
         network = NetworkModel.load(Path(calib_dir) / "network.json")
     slow = overlap if isinstance(overlap, Slowdown) else slowdown_table(hardware, overlap)
     par = workload.parallel
@@ -221,6 +223,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         for s in c.stages:
             stage_classes.setdefault(s, []).append(c.class_id)
     write_parquet(timeline_table(result, stage_classes, rank_class), out_dir / "timeline.parquet", TIMELINE)
+    comms = read_parquet_file(trace_dir / "comms.parquet", ["rank", "op", "phase", "chunk", "peer", "bytes"])
+    write_parquet(schedule_table(workload, comms, orders), out_dir / "schedule.parquet", SCHEDULE)
     trace = chrome_trace(result, stage_classes, rank_class,
                          {"workload": workload.name, "hardware": hardware.name, "topology": topology.name,
                           "mode": result.mode, "overlap_slowdown": slow.source})

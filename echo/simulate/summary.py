@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from echo.simulate.chunk import RankCosts
 from echo.simulate.engine import EngineResult
+from echo.simulate.program import RankCosts
 from echo.training.schedule import Task, in_flight
 
 GIB = 1 << 30

@@ -67,12 +67,6 @@ SUMMARY_COLUMNS = tuple(f.name for f in RANKING if f.name not in {"rank", "layou
                                                                    "topology", "trace", *AXES})
 
 
-def summary_paths(exp: Expansion) -> list[str]:
-    """The simulate summaries a sweep ranks: every kept layout on every topology."""
-    s = exp.sweep
-    return [f"results/simulate/{c.name}/{s.hardware}/{t}/summary.parquet" for c in exp.kept for t in s.topologies]
-
-
 def ranking_table(layouts: pa.Table, summaries: Sequence[Path | str]) -> pa.Table:
     """Kept layouts x topologies (``layouts``: a LAYOUTS table; ``summaries``: their simulate
     summaries), best first: those that fit in memory by step time (rank 1, 2, ...), then those

@@ -48,6 +48,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from echo.config.loader import CONFIG_ROOT, config_path, load_workload, parse_workload, read_yaml
+from echo.config.workload import NOT_TRACED as NOT_TRACED_KEYS
 from echo.config.workload import Workload
 from echo.errors import ConfigError
 
@@ -65,8 +66,9 @@ DEFAULTS: dict[str, Any] = {
     "cp": 1, "ep": 1, "zero": 1, "schedule": "1f1b", "virtual_stages": 1, "micro_batch": 1,
     "recompute": "none", "sequence_parallel": False,
 }
-# Settings the tracer does not read: layouts differing only in these share a trace.
-NOT_TRACED = ("schedule",)
+# The sweep axes the tracer does not read (echo.config.workload.NOT_TRACED): layouts differing
+# only in these share a trace.
+NOT_TRACED = tuple(a for a in NOT_TRACED_KEYS["parallel"] if a in AXES)
 
 
 def sweep_path(name: str, root: Path | None = None) -> Path:

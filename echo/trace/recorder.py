@@ -1,6 +1,6 @@
 """Record every kernel-launching op of one rank's training step under fake tensors.
 
-The recorder is a FakeTensorMode (so it also sees higher-order ops, TRACING-NOTES), and keeps
+The recorder is a FakeTensorMode (so it also sees higher-order ops, docs/DESIGN.md, "Tracing on a CPU"), and keeps
 only what a GPU would launch: top-level calls (not the decompositions fake tensors run inside
 one op), on local tensors (not the DTensor wrapper call), outside DTensor's sharding propagation
 (which re-runs ops at global shapes just to learn output shapes), and not views or allocations.

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from echo.artifacts import COMMS, DEPS, OPS, SCHEDULE, TRACED_RANKS
+from echo import launch
+from echo.artifacts import COMMS, DEPS, OPS, TRACED_RANKS
 from echo.config.workload import Workload
 from echo.io import write_parquet
-from echo.trace.schedule_table import schedule_table
 from echo.training.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -56,9 +54,7 @@ def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None =
 
 def _run_worker(spec: Path, rank: int, out: Path) -> None:
     t0 = time.perf_counter()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "echo.trace.worker", str(spec), str(rank), str(out)],
-                          capture_output=True, text=True, env=env)
+    proc = launch.run("echo.trace.worker", spec, rank, out)
     if proc.returncode:
         raise RuntimeError(f"tracing rank {rank} failed:\n{proc.stderr[-4000:]}")
     log.info("traced rank %d in %.1f s", rank, time.perf_counter() - t0)
@@ -74,4 +70,3 @@ def run_trace(workload: Workload, out_dir: Path) -> None:
     tables = trace_ranks(workload, sorted(reps.values()), out_dir)
     for name, schema in TABLES.items():
         write_parquet(tables[name], out_dir / f"{name}.parquet", schema)
-    write_parquet(schedule_table(workload, tables["comms"]), out_dir / "schedule.parquet", SCHEDULE)

@@ -95,7 +95,7 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         torch.set_default_dtype(torch.float32 if p.zero == 3 else dtype)
         with rec, rec.muted():
             chunks = build_chunks(w, layout.coords(rank).pp, rec.recompute)
-        # parallel plans must be applied outside the fake mode (TRACING-NOTES)
+        # parallel plans must be applied outside the fake mode (docs/DESIGN.md, "Tracing on a CPU")
         with rec.muted():
             _parallelize(w, layout, rank, groups, chunks, dtype)
         torch.set_default_dtype(dtype)

@@ -1,7 +1,7 @@
 """Entry point of one tracing process: ``python -m echo.trace.worker WORKLOAD_JSON RANK OUT_DIR``.
 
 Each traced rank runs in its own process because the fake process group cannot change groups
-within one process (TRACING-NOTES).
+within one process (docs/DESIGN.md, "Tracing on a CPU").
 """
 
 from __future__ import annotations

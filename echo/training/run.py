@@ -1,4 +1,4 @@
-"""One rank of a real training run on this CPU: ``python -m echo.training.run SPEC_JSON RANK``.
+"""One rank of a real training run on this CPU: ``python -m echo.training.run RANK SPEC_JSON``.
 
 The same job the tracer records, run for real with torch.distributed over gloo: the reference
 model chunks of this rank's pipeline stage (``echo.training.model.build_chunks``), tensor-parallel
@@ -312,4 +312,4 @@ def _write(table: pa.Table, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    run_rank(json.loads(Path(sys.argv[1]).read_text()), int(sys.argv[2]))
+    run_rank(json.loads(sys.argv[2]), int(sys.argv[1]))  # started by echo.launch.launch

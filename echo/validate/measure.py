@@ -18,39 +18,32 @@ naming the workload file and what does not fit.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import platform
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pyarrow as pa
-import torch
-import yaml
 
+from echo import launch
 from echo.config.workload import Workload
 from echo.errors import ConfigError
 from echo.io import write_parquet
-from echo.ranks import prioritize
 from echo.training.layout import Layout
 
 log = logging.getLogger(__name__)
 
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 PROCESS_OVERHEAD_BYTES = 450 << 20  # torch + gloo + the interpreter, per rank process
 MEMORY_HEADROOM = 0.7               # use at most this fraction of the available memory
 ASSUMED_CPU_GFLOPS = 15.0           # one core, fp32 GEMM-dominated step (a cautious guess)
 MAX_STEP_S = 60.0                   # refuse workloads whose step would take longer than this
 MAX_RANKS_PER_CORE = 4              # beyond this the run measures the scheduler, not the job
-PRIORITY = "rt"                     # rank processes run ahead of other work where permitted (_prioritize)
+PRIORITY = "rt"                     # rank processes run ahead of other work where permitted (echo.launch.prioritize)
 CLEAN_DELAY = 0.01                  # a step whose ranks waited for a CPU less than this fraction is clean
 MIN_CLEAN = 5                       # the headline median needs this many clean steps, else all count
 
@@ -74,7 +67,7 @@ MEASURED = pa.schema([
     ("rank_cores", pa.float64()),          # of which the ranks' processes (their CPU time / wall)
     ("foreign_cores", pa.float64()),       # the rest: other processes on the machine
     ("compute_cpu_fraction", pa.float64()),  # main-thread CPU time / wall in compute-only spans
-    ("scheduling", pa.string()),           # how the ranks were scheduled: rt | nice | none (see _prioritize)
+    ("scheduling", pa.string()),           # how the ranks were scheduled: rt | nice | none (see echo.launch.prioritize)
     ("loss_first", pa.float64()),          # mean loss of the first and last step: the job trains
     ("loss_last", pa.float64()),
     ("torch_version", pa.string()),
@@ -97,28 +90,6 @@ PHASES = pa.schema([
 
 class MeasureRefused(ConfigError):
     """The workload cannot be run for real on this machine."""
-
-
-DEFAULTS = {"warmup": 3, "iters": 20, "profile": True, "priority": PRIORITY}
-
-
-def settings(cfg: dict) -> dict:
-    """run_measure keyword arguments from config["measure"] (unknown keys and bad values refused)."""
-    out = dict(DEFAULTS)
-    for key, value in cfg.items():
-        if key not in DEFAULTS:
-            raise ConfigError("config/config.yaml", f"measure.{key}", f"unknown key; allowed: {', '.join(DEFAULTS)}")
-        if isinstance(value, str) and not isinstance(DEFAULTS[key], str):
-            value = yaml.safe_load(value)  # `--config measure={iters: 3}` hands nested values over as text
-        if type(value) is not type(DEFAULTS[key]):
-            raise ConfigError("config/config.yaml", f"measure.{key}",
-                              f"expected {type(DEFAULTS[key]).__name__}, got {value!r}")
-        out[key] = value
-    if out["iters"] < 1 or out["warmup"] < 0:
-        raise ConfigError("config/config.yaml", "measure.iters", "needs iters >= 1 and warmup >= 0")
-    if out["priority"] not in ("rt", "nice", "none"):
-        raise ConfigError("config/config.yaml", "measure.priority", "one of rt, nice, none")
-    return out
 
 
 # --- what fits ------------------------------------------------------------------------------
@@ -215,15 +186,6 @@ def check_measurable(w: Workload, *, memory_bytes: int | None = None, cores: int
 # --- running it ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-_prioritize = prioritize  # the launcher's (echo.ranks), shared with the local gloo calibration
-
-
 class CpuMonitor:
     """Samples the machine's busy CPU time (/proc/stat) in a thread, so that each step can be
     told how many cores other processes used while it ran."""
@@ -270,44 +232,6 @@ class CpuMonitor:
         return (bb - ba) / (tb - ta) if tb > ta else None
 
 
-def _launch(spec_path: Path, world: int, tmp: Path, priority: str = "none") -> list[subprocess.Popen]:
-    """One fresh interpreter per rank (not multiprocessing's spawn, which re-imports the caller's
-    __main__, e.g. a Snakemake script)."""
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
-    procs = []
-    for rank in range(world):
-        with (tmp / f"rank{rank}.log").open("w") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "echo.training.run", str(spec_path), str(rank)],
-                                          env=env, stdout=out, stderr=subprocess.STDOUT,
-                                          preexec_fn=functools.partial(_prioritize, priority)))
-    return procs
-
-
-def _wait(procs: list[subprocess.Popen], tmp: Path, timeout_s: float) -> None:
-    """Wait for every rank; when one fails or time runs out, stop the rest and say why."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                rank, code = failed[0]
-                tail = (tmp / f"rank{rank}.log").read_text()[-3000:]
-                raise RuntimeError(f"measure: rank {rank} exited with {code}:\n{tail}")
-            if all(c == 0 for c in codes):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"measure: the run did not finish within {timeout_s:.0f} s")
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-
 def _read_arrow(path: Path) -> pa.Table:
     with pa.memory_map(str(path)) as source:
         return pa.ipc.open_file(source).read_all()
@@ -333,13 +257,12 @@ def run_measure(workload: Workload, out_dir: Path, *, warmup: int = 3, iters: in
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix=".measure-", dir=out_dir) as tmp_name:
         tmp = Path(tmp_name)
-        spec = {"workload": workload.model_dump(mode="json"), "port": _free_port(), "warmup": warmup,
+        spec = {"workload": workload.model_dump(mode="json"), "port": launch.free_port(), "warmup": warmup,
                 "iters": iters, "profile": profile, "out_dir": str(tmp)}
-        spec_path = tmp / "spec.json"
-        spec_path.write_text(json.dumps(spec))
         t0 = time.perf_counter()
         with CpuMonitor() as monitor:
-            _wait(_launch(spec_path, world, tmp, priority), tmp, timeout_s)
+            launch.wait(launch.launch("echo.training.run", spec, world, tmp, priority=priority), tmp, timeout_s,
+                        "measure")
         log.info("measure %s: ran in %.1f s", workload.name, time.perf_counter() - t0)
         events = pa.concat_tables([_read_arrow(tmp / f"events{r}.arrow") for r in range(world)])
         profiles = pa.concat_tables([_read_arrow(tmp / f"profile{r}.arrow") for r in range(world)])
@@ -455,9 +378,15 @@ def measured_table(w: Workload, events: pa.Table, ranks: list[dict], *, cores: i
             "foreign_cores": max(0.0, busy - mine) if busy is not None else None,
             "compute_cpu_fraction": fractions.get(i), "scheduling": ranks[0].get("scheduling", "none"),
             "loss_first": mean_loss(0), "loss_last": mean_loss(steps_run - 1) if losses else None,
-            "torch_version": torch.__version__, "host": platform.node(),
+            "torch_version": _torch_version(), "host": platform.node(),
         })
     return pa.Table.from_pylist(rows, schema=MEASURED)
+
+
+def _torch_version() -> str:
+    import torch  # here, not at the top: the workflow reads this module while building the DAG
+
+    return torch.__version__
 
 
 def phases_table(w: Workload, events: pa.Table, profiles: pa.Table, iterations: set[int] | None = None) -> pa.Table:

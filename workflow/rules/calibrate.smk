@@ -1,10 +1,11 @@
 # calibrate: how long does a collective of n bytes over a group of this shape take on
 # {topology}? Fit from measurements (nccl-tests logs the topology names, or a local gloo
 # benchmark) or from the nominal figures. The logs are inputs, so a changed log re-runs this;
-# they are resolved against the working directory and its parent (shared/ beside the checkout),
-# and a missing one fails while the DAG is built, naming the topology file and key.
+# they are named relative to the reference folder (echo.reference; validate.reference_dir or
+# $ECHO_REFERENCE), and a missing one fails while the DAG is built, naming the topology file and key.
 
 from echo.network.nccl_tests import resolve_logs
+from echo.reference import reference_root
 
 
 rule calibrate:
@@ -15,14 +16,14 @@ rule calibrate:
             for p in resolve_logs(
                 topology_config(wildcards.topology).calibration.logs,
                 config_path("topology", wildcards.topology, CONFIG_DIR),
-                root=Path.cwd(),
+                root=reference_root(SETTINGS.validation.reference_dir),
             )
         ],
     output:
-        collectives="results/calibrate/{topology}/collectives.parquet",
-        network="results/calibrate/{topology}/network.json",
-        measurements="results/calibrate/{topology}/measurements.parquet",
-        plot="results/calibrate/{topology}/busbw.png",
+        collectives=paths.CALIBRATE("collectives.parquet"),
+        network=paths.CALIBRATE("network.json"),
+        measurements=paths.CALIBRATE("measurements.parquet"),
+        plot=paths.CALIBRATE("busbw.png"),
     params:
         topology=topology_params,
         priority=calibrate_priority,

@@ -5,12 +5,9 @@
 rule dedup:
     input:
         validated("workload"),
-        ops="results/trace/{workload}/ops.parquet",
-        comms="results/trace/{workload}/comms.parquet",
-        deps="results/trace/{workload}/deps.parquet",
-        ranks="results/trace/{workload}/ranks.parquet",
+        **paths.trace_tables(),
     output:
-        rank_classes="results/dedup/{workload}/rank_classes.parquet",
+        rank_classes=paths.DEDUP("rank_classes.parquet"),
     params:
         workload=trace_workload_params,
         code=code_version("dedup"),

@@ -3,17 +3,14 @@
 # concurrent gloo all-reduce traffic; GPUs take published figures from echo/overlap/table.py and
 # need no job. The simulate rule reads the measurement for cpu hardware.
 
-import echo.overlap  # registers the overlap stage for code_version (echo.versioning)
-from echo.simulate import workflow as simulate_workflow
-
 
 rule overlap:
     input:
         validated("hardware"),
     output:
-        slowdown="results/overlap/{hardware}/slowdown.parquet",
+        slowdown=paths.OVERLAP("slowdown.parquet"),
     params:
-        device=lambda w: simulate_workflow.overlap_device(hardware_config(w.hardware)),
+        device=overlap_device,
         code=code_version("overlap"),
     # both cores: the measurement is of contention, so nothing else may run beside it
     threads: 2

@@ -1,5 +1,5 @@
 # profile: how long does each distinct kernel of the workload take on {hardware}? Measured on
-# this machine for a cpu hardware file (timings cached across workloads in PROFILE_CACHE, so a
+# this machine for a cpu hardware file (timings cached across workloads in paths.PROFILE_CACHE, so a
 # workload times only kernels no earlier one had; scaled to in-loop time by replaying the
 # trace's tasks in order; on a host_synchronous device the eager engine's time per op and
 # DTensor's dispatch time per call added, and the slowdown of the workload's ranks side by side
@@ -8,27 +8,21 @@
 # hardware, dropped at imports/kineto/{workload}/{hardware}.json (or .json.gz), fills the
 # kernels it covers (source = imported); profile.json counts what it could not match.
 
-from echo.profile.eager import colocated_ranks
 from echo.profile.kineto import dropped_in_trace
-
-PROFILE_CACHE = "results/profile/_cache"
 
 
 rule profile:
     input:
         validated("hardware"),
         unpack(lambda wc: dropped_in_trace(wc.workload, wc.hardware)),
-        ops="results/trace/{workload}/ops.parquet",
-        comms="results/trace/{workload}/comms.parquet",
-        deps="results/trace/{workload}/deps.parquet",
-        ranks="results/trace/{workload}/ranks.parquet",
+        **paths.trace_tables(),
     output:
-        kernels="results/profile/{workload}/{hardware}/kernels.parquet",
-        note="results/profile/{workload}/{hardware}/profile.json",
+        kernels=paths.PROFILE("kernels.parquet"),
+        note=paths.PROFILE("profile.json"),
     params:
         hardware=hardware_params,
-        cache_dir=PROFILE_CACHE,
-        ranks_on_host=lambda wc: colocated_ranks(workload_config(wc.workload).world_size),
+        cache_dir=paths.PROFILE_CACHE(),
+        ranks_on_host=ranks_on_host,
         code=code_version("profile"),
     threads: profile_threads
     log:

@@ -10,25 +10,25 @@ report: "../report/workflow.rst"
 
 rule plot_experiment:
     input:
-        summary="results/simulate/{workload}/{hardware}/{topology}/summary.parquet",
-        timeline="results/simulate/{workload}/{hardware}/{topology}/timeline.parquet",
-        trace="results/simulate/{workload}/{hardware}/{topology}/trace.json",
-        ranks="results/trace/{workload}/ranks.parquet",
+        summary=paths.SIMULATE("summary.parquet"),
+        timeline=paths.SIMULATE("timeline.parquet"),
+        trace=paths.SIMULATE("trace.json"),
+        ranks=paths.TRACE("ranks.parquet"),
     output:
         gantt=report(
-            "results/report/experiments/{workload}/{hardware}/{topology}/gantt.svg",
+            paths.EXPERIMENT_FIGURES("gantt.svg"),
             caption="../report/gantt.rst",
             category="2. Iteration timeline (Gantt)",
             labels={"workload": "{workload}", "hardware": "{hardware}", "topology": "{topology}"},
         ),
         memory=report(
-            "results/report/experiments/{workload}/{hardware}/{topology}/memory.svg",
+            paths.EXPERIMENT_FIGURES("memory.svg"),
             caption="../report/memory.rst",
             category="3. Memory per rank",
             labels={"workload": "{workload}", "hardware": "{hardware}", "topology": "{topology}"},
         ),
         trace=report(
-            "results/report/experiments/{workload}/{hardware}/{topology}/trace.json",
+            paths.EXPERIMENT_FIGURES("trace.json"),
             caption="../report/perfetto.rst",
             category="6. Perfetto traces",
             labels={"workload": "{workload}", "hardware": "{hardware}", "topology": "{topology}"},
@@ -49,17 +49,17 @@ rule plot_experiment:
 
 rule plot_overview:
     input:
-        summaries=experiment_summaries(EXPERIMENTS),
-        timelines=[s.replace("summary.parquet", "timeline.parquet") for s in experiment_summaries(EXPERIMENTS)],
+        summaries=paths.simulated(EXPERIMENTS, "summary.parquet"),
+        timelines=paths.simulated(EXPERIMENTS, "timeline.parquet"),
     output:
         breakdown=report(
-            "results/report/step_breakdown.svg",
+            paths.REPORT("step_breakdown.svg"),
             caption="../report/breakdown.rst",
             category="1. Step-time breakdown",
             labels={"figure": "all experiments"},
         ),
         validation=report(
-            "results/report/predicted_vs_measured.svg",
+            paths.REPORT("predicted_vs_measured.svg"),
             caption="../report/validation.rst",
             category="4. Predicted vs measured",
             labels={"figure": "all measurements"},
@@ -80,11 +80,11 @@ rule plot_overview:
 
 rule plot_sweep:
     input:
-        ranking="results/sweep/{sweep}/ranking.parquet",
-        layouts="results/sweep/{sweep}/layouts.parquet",
+        ranking=paths.SWEEP("ranking.parquet"),
+        layouts=paths.SWEEP("layouts.parquet"),
     output:
         heatmap=report(
-            "results/report/sweeps/{sweep}/heatmap.svg",
+            paths.SWEEP_FIGURES("heatmap.svg"),
             caption="../report/sweep.rst",
             category="5. Sweeps",
             labels={"sweep": "{sweep}"},
@@ -104,12 +104,12 @@ rule plot_sweep:
 
 rule report:
     input:
-        summaries=experiment_summaries(EXPERIMENTS),
-        figures=experiment_figures(EXPERIMENTS)
-        + sweep_figures(SWEEPS)
-        + ["results/report/step_breakdown.svg", "results/report/predicted_vs_measured.svg"],
+        summaries=paths.simulated(EXPERIMENTS, "summary.parquet"),
+        figures=paths.experiment_figures(EXPERIMENTS)
+        + paths.sweep_figures(SWEEPS)
+        + [paths.REPORT("step_breakdown.svg"), paths.REPORT("predicted_vs_measured.svg")],
     output:
-        summaries="results/report/summaries.parquet",
+        summaries=paths.REPORT("summaries.parquet"),
     params:
         code=code_version("report"),
     log:

@@ -14,10 +14,7 @@ rule sweep_trace:
     input:
         unpack(shared_trace_files),
     output:
-        ops="results/trace/{workload}/ops.parquet",
-        comms="results/trace/{workload}/comms.parquet",
-        deps="results/trace/{workload}/deps.parquet",
-        ranks="results/trace/{workload}/ranks.parquet",
+        **paths.trace_tables(),
     wildcard_constraints:
         workload=LAYOUT_NAME,
     localrule: True
@@ -35,8 +32,8 @@ rule sweep_layouts:
     input:
         sweep_checked,
     output:
-        layouts="results/sweep/{sweep}/layouts.parquet",
-        workloads=directory("results/sweep/{sweep}/workloads"),
+        layouts=paths.SWEEP("layouts.parquet"),
+        workloads=directory(paths.SWEEP("workloads")),
     params:
         sweep=sweep_params,
         code=code_version("sweep"),
@@ -53,10 +50,10 @@ rule sweep_layouts:
 
 rule sweep_rank:
     input:
-        layouts="results/sweep/{sweep}/layouts.parquet",
+        layouts=paths.SWEEP("layouts.parquet"),
         summaries=sweep_summaries,
     output:
-        ranking="results/sweep/{sweep}/ranking.parquet",
+        ranking=paths.SWEEP("ranking.parquet"),
     params:
         code=code_version("sweep"),
     localrule: True

@@ -6,11 +6,7 @@ rule trace:
     input:
         validated("workload"),
     output:
-        ops="results/trace/{workload}/ops.parquet",
-        comms="results/trace/{workload}/comms.parquet",
-        deps="results/trace/{workload}/deps.parquet",
-        ranks="results/trace/{workload}/ranks.parquet",
-        schedule="results/trace/{workload}/schedule.parquet",
+        **paths.trace_tables(),
     params:
         workload=trace_workload_params,
         code=code_version("trace"),

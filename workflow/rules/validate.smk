@@ -7,22 +7,24 @@
 # `make validate` asks for errors.md, which needs all of them.
 
 from echo.validate.published import SOURCES
-from echo.validate.targets import LOCAL_TARGET, measured_here, validate_targets
+from echo.validate.targets import LOCAL_TARGET, measured_here, published_targets
 
-# config["validate"] (optional): local, published, reference_dir (echo.validate.targets)
-LOCAL_VALIDATION, PUBLISHED_ROWS, REFERENCE = validate_targets(config.get("validate"))
+# config["validate"] (optional): local, published, reference_dir (echo/workflow/settings.py)
+LOCAL_VALIDATION = SETTINGS.validation.local
+PUBLISHED_ROWS, REFERENCE = published_targets(SETTINGS.validation.published, SETTINGS.validation.reference_dir)
+LOCAL_RUNS = [(w, *LOCAL_TARGET) for w in LOCAL_VALIDATION]
 
 
 rule compare:
     input:
         validated("workload", "hardware", "topology"),
         lambda w: measured_here(hardware_config(w.hardware), topology_config(w.topology), CONFIG_DIR),
-        measured="results/measure/{workload}/measured.parquet",
-        phases="results/measure/{workload}/phases.parquet",
-        summary="results/simulate/{workload}/{hardware}/{topology}/summary.parquet",
-        timeline="results/simulate/{workload}/{hardware}/{topology}/timeline.parquet",
+        measured=paths.MEASURE("measured.parquet"),
+        phases=paths.MEASURE("phases.parquet"),
+        summary=paths.SIMULATE("summary.parquet"),
+        timeline=paths.SIMULATE("timeline.parquet"),
     output:
-        compare="results/validate/{workload}/{hardware}/{topology}/compare.parquet",
+        compare=paths.COMPARE("compare.parquet"),
     params:
         code=code_version("validate"),
     log:
@@ -37,10 +39,10 @@ rule compare:
 
 rule validate_local:
     input:
-        compares=[f"results/validate/{w}/{LOCAL_TARGET[0]}/{LOCAL_TARGET[1]}/compare.parquet" for w in LOCAL_VALIDATION],
-        measured=[f"results/measure/{w}/measured.parquet" for w in LOCAL_VALIDATION],
+        compares=[paths.COMPARE("compare.parquet", workload=w, hardware=h, topology=t) for w, h, t in LOCAL_RUNS],
+        measured=[paths.MEASURE("measured.parquet", workload=w) for w in LOCAL_VALIDATION],
     output:
-        table="results/validate/local.parquet",
+        table=paths.VALIDATE("local.parquet"),
     params:
         code=code_version("validate"),
     log:
@@ -56,10 +58,10 @@ rule validate_local:
 rule validate:
     input:
         references=[REFERENCE / s.file for s in SOURCES],
-        summaries=[f"results/simulate/{r.name}/{r.hardware}/{r.topology}/summary.parquet" for r in PUBLISHED_ROWS],
+        summaries=paths.simulated([(r.name, r.hardware, r.topology) for r in PUBLISHED_ROWS], "summary.parquet"),
     output:
-        table="results/validate/published.parquet",
-        plot="results/validate/published.png",
+        table=paths.VALIDATE("published.parquet"),
+        plot=paths.VALIDATE("published.png"),
     params:
         rows=[r.name for r in PUBLISHED_ROWS],
         reference=lambda w, input: str(Path(input.references[0]).parent),
@@ -76,10 +78,10 @@ rule validate:
 
 rule validate_errors:
     input:
-        local="results/validate/local.parquet",
-        published="results/validate/published.parquet",
+        local=paths.VALIDATE("local.parquet"),
+        published=paths.VALIDATE("published.parquet"),
     output:
-        markdown="results/validate/errors.md",
+        markdown=paths.VALIDATE("errors.md"),
     params:
         code=code_version("validate"),
     log:

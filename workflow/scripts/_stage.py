@@ -1,7 +1,7 @@
 """What every rule script shares: the echo package on sys.path, output to the rule's log.
 
 Rule scripts stay thin: rebuild the validated config from params, call the stage's entry
-function (docs/CONTRIBUTING-STAGES.md), and leave the logging here.
+function (docs/DESIGN.md, "Stage entry points"), and leave the logging here.
 """
 
 from __future__ import annotations

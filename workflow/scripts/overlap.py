@@ -1,4 +1,4 @@
-"""rule overlap: echo.overlap.run_overlap(hardware, out_path) (this machine's overlap slowdown)."""
+"""rule overlap: echo.overlap.measure.run_overlap(hardware, out_path) (this machine's overlap slowdown)."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,7 +9,7 @@ sm = snakemake  # noqa: F821 (set by Snakemake)
 
 
 def main() -> None:
-    from echo.overlap import run_overlap
+    from echo.overlap.measure import run_overlap
 
     run_overlap(SimpleNamespace(**sm.params.device), Path(sm.output.slowdown))
 

@@ -13,7 +13,7 @@ def main() -> None:
 
     paths = [Path(p) for p in sm.input.summaries]
     write_parquet(summaries(paths), sm.output.summaries)
-    text = summaries_table(paths=paths)
+    text = summaries_table(paths)
     print(text)  # into the log
     print(text, file=_stage.terminal_out, flush=True)  # and on the terminal
 

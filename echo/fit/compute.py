@@ -1,8 +1,8 @@
-"""Calibrate the roofline's efficiency parameters of a GPU against published measurements.
+"""The roofline's efficiency parameters of a GPU fitted to published kernel and layer measurements.
 
-Two kinds of measurements, each reproduced the way the simulator would predict it:
+Each measurement is reproduced the way the simulator would predict it:
 
-- The best GEMM throughput a shape search found (``shared/reference/hardware.csv``,
+- The best GEMM throughput a shape search found (reference ``hardware.csv``,
   ``best_measured_bf16_matmul_tflops``). The model's best case is the largest throughput over a
   grid of large bf16 GEMM shapes (as a shape search would find it); ``matmul_efficiency`` is
   solved in closed form so that this best case equals the measurement.
@@ -17,48 +17,36 @@ Two kinds of measurements, each reproduced the way the simulator would predict i
   the traced workload says ``attention: math`` (a property of the software measured, not a fitted
   parameter); see KORTHIKANTI_MODEL for dropout. ``hbm_efficiency`` is fitted on the rows of the
   fit split (least squares on relative error); the other rows are held out and only reported.
-
-- Whole jobs' step times (H100: the Megatron-Core r0.8.0 table, no per-layer H100 measurement
-  being published): echo.profile.step_calibration fits ``sustained_compute`` on half of the rows.
-
-One parameter set per GPU, no per-row factors. Parameters not fitted keep their values from the
-hardware file, marked there as assumed (or transferred from the A100 fit, for other GPUs).
-
-``python -m echo.profile.calibration`` runs the whole calibration and prints/writes the report.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import hashlib
-import importlib
 import json
-import logging
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from echo.config import Hardware, load_hardware
+from echo.config import Hardware
 from echo.config.workload import Workload
-from echo.io import read_parquet, write_json, write_parquet
+from echo.fit.common import FIT_BOUNDS, Fit, parameters, with_params
 from echo.profile import roofline
 from echo.profile.kernel import Kernel
 from echo.profile.stage import distinct_kernels
+from echo.trace import check_traceable, trace_ranks
 
-log = logging.getLogger(__name__)
-
-REFERENCE_DIR = Path(__file__).resolve().parents[3] / "shared" / "reference"
-
-# --- published measurements (copied from shared/reference; check_reference() compares) -------
+# --- published measurements (copied from the reference folder; check_reference() compares) -----
 # hardware.csv: best_measured_bf16_matmul_tflops, by the hardware file that describes that GPU
 BEST_GEMM_TFLOPS = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5, "h200-sxm-141gb": 794.5, "b200-sxm": 1745.0}
 HARDWARE_CSV_GPU = {"a100-sxm-80gb": "A100 SXM4 80GB", "h100-sxm-80gb": "H100 SXM5 80GB",
                     "h200-sxm-141gb": "H200 SXM 141GB", "b200-sxm": "B200 SXM"}
+HARDWARE_CSV = "hardware.csv"
+KORTHIKANTI_CSV = "korthikanti_table4_a100_per_layer.csv"
 
 
 @dataclass(frozen=True)
@@ -104,20 +92,20 @@ FIT_ROWS = ("baseline no recompute", "sequence parallelism")
 GEMM_SEARCH_MN = tuple(range(1024, 16385, 1024))
 GEMM_SEARCH_K = (4096, 8192, 16384)
 
-FIT_BOUNDS = {"hbm_efficiency": (0.3, 1.0), "matmul_efficiency": (0.3, 1.0), "sustained_compute": (0.5, 1.0)}
-
 
 # --- reference data ---------------------------------------------------------------------------
-def check_reference(reference_dir: Path = REFERENCE_DIR) -> list[str]:
-    """Differences between the figures above and the CSV files in ``reference_dir`` (empty when
-    they agree). Raises FileNotFoundError when the folder is missing."""
+def check_reference(reference_dir: Path, hardware: str | None = None) -> list[str]:
+    """Differences between the figures above (of ``hardware``, default every GPU) and the CSV
+    files in ``reference_dir`` (empty when they agree). Raises FileNotFoundError when one is missing."""
     problems = []
-    hw = {r["gpu"]: r for r in _csv(reference_dir / "hardware.csv")}
+    hw = {r["gpu"]: r for r in csv.DictReader((reference_dir / HARDWARE_CSV).read_text().splitlines())}
     for name, gpu in HARDWARE_CSV_GPU.items():
         got = float(hw[gpu]["best_measured_bf16_matmul_tflops"])
-        if got != BEST_GEMM_TFLOPS[name]:
+        if hardware in (None, name) and got != BEST_GEMM_TFLOPS[name]:
             problems.append(f"hardware.csv {gpu}: best GEMM {got} != {BEST_GEMM_TFLOPS[name]}")
-    rows = {r["experiment"]: r for r in _csv(reference_dir / "korthikanti_table4_a100_per_layer.csv")}
+    if hardware not in (None, KORTHIKANTI_HARDWARE):
+        return problems
+    rows = {r["experiment"]: r for r in csv.DictReader((reference_dir / KORTHIKANTI_CSV).read_text().splitlines())}
     for row in KORTHIKANTI_TABLE4:
         ref = rows.get(row.experiment)
         if ref is None:
@@ -128,11 +116,6 @@ def check_reference(reference_dir: Path = REFERENCE_DIR) -> list[str]:
     if set(rows) != {r.experiment for r in KORTHIKANTI_TABLE4}:
         problems.append(f"Table 4 rows differ: {sorted(set(rows) ^ {r.experiment for r in KORTHIKANTI_TABLE4})}")
     return problems
-
-
-def _csv(path: Path) -> list[dict]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 # --- GEMM ceiling -----------------------------------------------------------------------------
@@ -179,11 +162,14 @@ def fit_matmul_efficiency(hw: Hardware, measured_tflops: float) -> float:
     return min(1.0, eff * measured_tflops / got)
 
 
-def with_params(hw: Hardware, **params) -> Hardware:
-    """``hw`` with compute-model parameters replaced (validated like the file)."""
-    cm = hw.compute_model.model_dump()
-    cm.update(params)
-    return Hardware.model_validate({**hw.model_dump(), "compute_model": cm})
+def fit_gemm(hw: Hardware) -> tuple[Hardware, dict]:
+    """``hw`` with matmul_efficiency fitted to hardware.csv's best GEMM, and the fit's figures."""
+    measured = BEST_GEMM_TFLOPS[hw.name]
+    hw = with_params(hw, matmul_efficiency=round(fit_matmul_efficiency(hw, measured), 4))
+    best, shape = best_gemm(hw)
+    return hw, {"matmul_efficiency": hw.compute_model.matmul_efficiency, "row": f"{HARDWARE_CSV}: {HARDWARE_CSV_GPU[hw.name]}",
+                "measured_tflops": measured,
+                "model_best_tflops": best, "best_shape": shape, "error_pct": 100 * (best / measured - 1)}
 
 
 # --- one layer, traced --------------------------------------------------------------------------
@@ -208,54 +194,31 @@ class LayerTrace:
     comms: dict[int, pa.Table]
 
 
-def _trace_module():
-    # The tracer and the network model are imported by name at run time: calibration is a tool whose
-    # result reaches the workflow through the hardware file (rule params), and a static import here
-    # would make every trace/network code change re-run the profile stage (echo.versioning follows
-    # the imports of every module under echo/profile).
-    return importlib.import_module("echo.trace")
-
-
 def traceable(row: LayerRow) -> str | None:
     """None when the tracer supports ``row``'s workload, else its reason."""
     try:
-        _trace_module().check_traceable(layer_workload(row, 1))
+        check_traceable(layer_workload(row, 1))
     except Exception as exc:  # ConfigError: the tracer refuses it (e.g. a feature not traced yet)
         return str(exc)
     return None
 
 
-def trace_layer(row: LayerRow, cache_dir: Path | None = None) -> LayerTrace:
-    """Trace rank 0 of the 1- and 2-layer workloads of ``row`` (cached by workload and tracer code)."""
-    trace = _trace_module()
+def trace_layer(row: LayerRow) -> LayerTrace:
+    """Trace rank 0 of the 1- and 2-layer workloads of ``row``."""
     ops, comms = {}, {}
     for layers in (1, 2):
         w = layer_workload(row, layers)
-        trace.check_traceable(w)
-        key = hashlib.sha256((w.model_dump_json() + _trace_code_version()).encode()).hexdigest()[:16]
-        folder = Path(cache_dir) / f"{w.name}-{key}" if cache_dir else None
-        if folder is not None and (folder / "ops.parquet").is_file() and (folder / "comms.parquet").is_file():
-            ops[layers], comms[layers] = read_parquet(folder / "ops.parquet"), read_parquet(folder / "comms.parquet")
-            continue
-        with tempfile.TemporaryDirectory(prefix="echo-calibration-") as tmp:
-            tables = trace.trace_ranks(w, [0], Path(tmp))
+        check_traceable(w)
+        with tempfile.TemporaryDirectory(prefix="echo-fit-") as tmp:
+            tables = trace_ranks(w, [0], Path(tmp))
         ops[layers], comms[layers] = tables["ops"], tables["comms"]
-        if folder is not None:
-            write_parquet(ops[layers], folder / "ops.parquet")
-            write_parquet(comms[layers], folder / "comms.parquet")
     return LayerTrace(row, ops, comms)
 
 
-def trace_layers(rows: Sequence[LayerRow], cache_dir: Path | None = None, jobs: int = 2) -> list[LayerTrace]:
+def trace_layers(rows: Sequence[LayerRow], jobs: int = 2) -> list[LayerTrace]:
     """trace_layer for each row, ``jobs`` at a time (each trace runs in its own process)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        return list(pool.map(lambda r: trace_layer(r, cache_dir), rows))
-
-
-def _trace_code_version() -> str:
-    return importlib.import_module("echo.versioning").code_version("trace")  # see _trace_module
+        return list(pool.map(trace_layer, rows))
 
 
 # --- one layer, costed ----------------------------------------------------------------------
@@ -311,17 +274,6 @@ def _phase_parts(hw: Hardware, ops: pa.Table, comms: pa.Table, network) -> tuple
     return fwd, bwd
 
 
-def korthikanti_network(topology: str = KORTHIKANTI_TOPOLOGY, network_json: Path | None = None):
-    """The network model of the Table 4 node: calibrate's network.json when given, else the
-    topology's nominal model."""
-    net = importlib.import_module("echo.network")  # see _trace_module
-    if network_json is not None:
-        return net.NetworkModel.load(network_json)
-    from echo.config import load_topology
-
-    return net.NetworkModel(load_topology(topology))
-
-
 # --- the fit --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RowResult:
@@ -360,21 +312,6 @@ def fit_hbm_efficiency(hw: Hardware, traces: Sequence[LayerTrace], network) -> f
     return round(float(res.x), 3)
 
 
-@dataclass
-class Report:
-    hardware: str
-    params: dict
-    fitted: dict
-    gemm: dict
-    rows: list[RowResult]
-    split: dict
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["rows"] = [{**asdict(r), "errors_pct": r.errors_pct} for r in self.rows]
-        return d
-
-
 def evaluate(hw: Hardware, traces: Iterable[LayerTrace], network, untraceable: dict[str, str] | None = None,
              fit_rows: Sequence[str] = FIT_ROWS) -> list[RowResult]:
     """Predicted vs measured for every row (with ``hw`` as given: no fitting here)."""
@@ -390,109 +327,34 @@ def evaluate(hw: Hardware, traces: Iterable[LayerTrace], network, untraceable: d
     return out
 
 
-def calibrate_a100(hardware: str = KORTHIKANTI_HARDWARE, cache_dir: Path | None = None,
-                   network_json: Path | None = None, fit_rows: Sequence[str] = FIT_ROWS,
-                   traces: Sequence[LayerTrace] | None = None) -> Report:
-    """The full A100 calibration: GEMM ceiling, then hbm_efficiency on the fit rows of Table 4
+def fit_layers(hw: Hardware, network, fit_rows: Sequence[str] = FIT_ROWS, traces: Sequence[LayerTrace] | None = None,
+               jobs: int = 2) -> Fit:
+    """hbm_efficiency of ``hw`` fitted on the ``fit_rows`` of Table 4, every row reported with it
     (``traces``: the traced rows, when already at hand)."""
-    hw = load_hardware(hardware)
-    matmul = round(fit_matmul_efficiency(hw, BEST_GEMM_TFLOPS[hardware]), 4)
-    hw = with_params(hw, matmul_efficiency=matmul)
-    network = korthikanti_network(network_json=network_json)
     untraceable = {row.experiment: why for row in KORTHIKANTI_TABLE4 if (why := traceable(row))}
     if traces is None:
-        traces = trace_layers([r for r in KORTHIKANTI_TABLE4 if r.experiment not in untraceable], cache_dir)
+        traces = trace_layers([r for r in KORTHIKANTI_TABLE4 if r.experiment not in untraceable], jobs)
     fit_traces = [t for t in traces if t.row.experiment in fit_rows]
     if not fit_traces:
         raise ValueError(f"none of the fit rows {list(fit_rows)} can be traced: {untraceable}")
-    hbm = fit_hbm_efficiency(hw, fit_traces, network)
-    hw = with_params(hw, hbm_efficiency=hbm)
+    hw = with_params(hw, hbm_efficiency=fit_hbm_efficiency(hw, fit_traces, network))
     rows = evaluate(hw, traces, network, untraceable, fit_rows)
-    best, shape = best_gemm(hw)
-    return Report(
-        hardware=hardware, params=_params(hw), fitted={"matmul_efficiency": matmul, "hbm_efficiency": hbm},
-        gemm={"measured_tflops": BEST_GEMM_TFLOPS[hardware], "model_best_tflops": best, "best_shape": shape,
-              "error_pct": 100 * (best / BEST_GEMM_TFLOPS[hardware] - 1)},
-        rows=rows, split={"fit": list(fit_rows), "held_out": [r.experiment for r in rows if r.split == "held-out"],
-                          "untraceable": untraceable},
-    )
+    return Fit(hw.name, {"hbm_efficiency": hw.compute_model.hbm_efficiency}, parameters(hw), rows,
+               {"fit": list(fit_rows), "held_out": [r.experiment for r in rows if r.split == "held-out"],
+                "untraceable": untraceable})
 
 
-def calibrate_gemm_only(hardware: str) -> Report:
-    """GPUs without per-layer measurements: matmul_efficiency from hardware.csv only."""
-    hw = load_hardware(hardware)
-    matmul = round(fit_matmul_efficiency(hw, BEST_GEMM_TFLOPS[hardware]), 4)
-    hw = with_params(hw, matmul_efficiency=matmul)
-    best, shape = best_gemm(hw)
-    return Report(hardware=hardware, params=_params(hw), fitted={"matmul_efficiency": matmul},
-                  gemm={"measured_tflops": BEST_GEMM_TFLOPS[hardware], "model_best_tflops": best,
-                        "best_shape": shape, "error_pct": 100 * (best / BEST_GEMM_TFLOPS[hardware] - 1)},
-                  rows=[], split={})
-
-
-def _params(hw: Hardware) -> dict:
-    cm = hw.compute_model
-    return {"matmul_efficiency": cm.matmul_efficiency, "sustained_compute": cm.sustained_compute,
-            "hbm_efficiency": cm.hbm_efficiency,
-            "kernel_launch_us": cm.kernel_launch_us, "sm_count": cm.sm_count}
-
-
-def summary_lines(report: Report) -> list[str]:
-    g = report.gemm
-    lines = [f"{report.hardware}: fitted {report.fitted}",
-             f"  best GEMM: model {g['model_best_tflops']:.1f} TFLOP/s at {tuple(g['best_shape'])} vs measured "
-             f"{g['measured_tflops']:.1f} ({g['error_pct']:+.2f}%)"]
-    for r in report.rows:
+def layer_lines(rows: Sequence[RowResult]) -> list[str]:
+    lines = []
+    for r in rows:
         if r.errors_pct is None:
             lines.append(f"  {r.experiment:<44} {r.split:<11} not traced: {r.note}")
             continue
         ef, eb = r.errors_pct
         lines.append(f"  {r.experiment:<44} {r.split:<11} fwd {r.predicted_forward_ms:6.2f} vs {r.forward_ms:5.1f} "
                      f"({ef:+5.1f}%)  bwd {r.predicted_backward_ms:6.2f} vs {r.backward_ms:5.1f} ({eb:+5.1f}%)")
-    held = [abs(e) for r in report.rows if r.split == "held-out" and r.errors_pct for e in r.errors_pct]
+    held = [abs(e) for r in rows if r.split == "held-out" and r.errors_pct for e in r.errors_pct]
     if held:
         lines.append(f"  held-out: max |error| {max(held):.1f}%, mean |error| {sum(held) / len(held):.1f}% "
                      f"over {len(held)} figures")
     return lines
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m echo.profile.calibration", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=Path("results/profile/_calibration"),
-                   help="folder for <hardware>.json reports (default: %(default)s)")
-    p.add_argument("--trace-cache", type=Path, default=Path("results/profile/_calibration/traces"),
-                   help="traced layer cases are kept here and reused (default: %(default)s)")
-    p.add_argument("--network-json", type=Path, default=None,
-                   help="calibrate's network.json of dgx-a100-hdr (default: the topology's nominal model)")
-    p.add_argument("--results", type=Path, default=Path("results"),
-                   help="the workflow's results, for the H100 step-time fit (default: %(default)s)")
-    p.add_argument("--hardware", nargs="*", default=list(BEST_GEMM_TFLOPS))
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        problems = check_reference()
-    except FileNotFoundError:
-        problems = [f"{REFERENCE_DIR} not found: using the figures copied into {__name__}"]
-    for line in problems:
-        log.warning("reference: %s", line)
-    from echo.profile.step_calibration import STEP_HARDWARE, calibrate_step_times
-
-    for name in args.hardware:
-        if name == STEP_HARDWARE:
-            try:
-                step = calibrate_step_times(name, args.results)
-            except FileNotFoundError as exc:
-                log.error("%s: %s", name, exc)
-                continue
-            write_json(step.to_dict(), args.out / f"{name}.json")
-            print("\n".join(step.lines()))
-            continue
-        report = calibrate_a100(name, args.trace_cache, args.network_json) if name == KORTHIKANTI_HARDWARE \
-            else calibrate_gemm_only(name)
-        write_json(report.to_dict(), args.out / f"{name}.json")
-        print("\n".join(summary_lines(report)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,21 +20,29 @@ import hashlib
 from functools import cache
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # echo/, above this echo/workflow/
 PACKAGE = PACKAGE_DIR.name  # "echo"
 
-# The modules that define each stage; what they import is followed from there.
+# The modules that define each stage, the one table of them; what they import is followed from
+# there (so the tracer's echo.training comes with echo.trace).
 STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "trace": ("echo.trace", "echo.config"),
     "dedup": ("echo.dedup", "echo.config"),
     "profile": ("echo.profile", "echo.config"),
     "calibrate": ("echo.network", "echo.config"),
+    "overlap": ("echo.overlap", "echo.config"),
     "simulate": ("echo.simulate", "echo.config"),
     "report": ("echo.report",),
-    "measure": ("echo.validate.measure", "echo.training.run", "echo.trace", "echo.config"),
+    "measure": ("echo.validate.measure", "echo.training", "echo.config"),
     "validate": ("echo.validate", "echo.config"),
     "sweep": ("echo.sweep", "echo.config"),
+    "fit": ("echo.fit", "echo.config"),
 }
+# The stage whose code version a rule carries (params: code=code_version(...)), where it is not
+# the rule's own name.
+RULE_STAGE = {"plot_experiment": "report", "plot_overview": "report", "plot_sweep": "report",
+              "sweep_layouts": "sweep", "sweep_rank": "sweep", "compare": "validate",
+              "validate_local": "validate", "validate_errors": "validate"}
 
 
 def _module_files(module: str, root: Path, whole_package: bool) -> list[Path]:

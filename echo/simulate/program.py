@@ -1,8 +1,9 @@
-"""Op level: one traced rank's ops as task programs, and the replay of a program on a device.
+"""Op level: a task's program (the op graph of a chunk's pass) and its replay on a device.
 
 A rank's trace holds one forward and one backward per chunk (a per-micro-batch template), the
 data-parallel gradient reduction (grad_sync) and the optimizer step. Each becomes a ``Program``
-that both engines replay op by op on a device (``gpu.Gpu``):
+of ``Op``s, their durations already priced (costing.py), that both engines replay op by op on a
+device (``gpu.Gpu``):
 
 - compute and memcpy ops run one after another on the compute stream (kernel times from
   kernels.parquet), slowed while a transfer of the device is in flight (overlap slowdown);
@@ -28,25 +29,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from types import MappingProxyType
 
 from echo.simulate.gpu import Flow, Gpu
 
-# Which schedule task each trace phase belongs to. Recomputation runs right before the backward
-# of the same micro-batch (Megatron-LM's checkpointing and torch.utils.checkpoint alike).
-TASK_OF_PHASE = {"forward": "F", "backward": "B", "recompute": "B", "grad_sync": "grad_sync",
-                 "optimizer": "optimizer"}
 COMPUTE_KINDS = ("compute", "memcpy")
 COMPUTE, BLOCKING, ASYNC, SEND, RECV = range(5)
-_EMPTY: Mapping = MappingProxyType({})
-
-
-class MissingKernelError(LookupError):
-    """An op's kernel key has no duration in kernels.parquet (the profile stage missed it)."""
-
-    def __init__(self, key: str, where: str):
-        self.key = key
-        super().__init__(f"kernel '{key}' ({where}) has no duration in kernels.parquet")
 
 
 @dataclass(frozen=True)
@@ -354,95 +341,6 @@ def simulate_ops(ops: Iterable[Op], waits: Mapping[int, Sequence[int]] | None = 
     return Program(ops, waits).cost
 
 
-class CommTimer:
-    """Network times from a model with ``estimate(op, group=, nbytes=)``, each distinct
-    (op, group, bytes) asked once: a rank repeats the same few collectives layer after layer.
-    With the network model's contention module (``echo.network.contention.flow_of``), also each
-    transfer's latency and link loads, for link sharing."""
-
-    def __init__(self, network):
-        self._network = network
-        self._cache: dict[tuple[str, tuple[int, ...], int], tuple[float, float, tuple]] = {}
-        self._flow_of = None
-        if hasattr(network, "params") and hasattr(network, "shape"):
-            try:
-                from echo.network.contention import flow_of
-            except ImportError:  # pragma: no cover - a network model without contention
-                flow_of = None
-            self._flow_of = flow_of
-
-    def _get(self, op: str, group: Sequence[int], nbytes: int, api: str) -> tuple[float, float, tuple]:
-        key = (op, tuple(group), int(nbytes), api)
-        if key not in self._cache:
-            us = float(self._network.estimate(op, group=list(group), nbytes=int(nbytes)).time_us)
-            latency, loads = 0.0, ()
-            if self._flow_of is not None and len(set(group)) > 1:
-                f = self._flow_of(self._network, op, group, int(nbytes))
-                latency = min(float(f.latency_us), us)
-                loads = tuple(sorted(f.loads.items()))
-            # the calling API's own work (a copy, Python on the calling thread) loads no link
-            extra = _api_overhead_us(self._network, api, op, nbytes) if len(set(group)) > 1 else 0.0
-            self._cache[key] = (us + extra, latency + extra, loads)
-        return self._cache[key]
-
-    def time_us(self, op: str, group: Sequence[int], nbytes: int, api: str = "c10d") -> float:
-        return self._get(op, group, nbytes, api)[0]
-
-    def transfer(self, op: str, group: Sequence[int], nbytes: int, api: str = "c10d") -> tuple[float, float, tuple]:
-        """(time, latency, link loads) of one transfer called through ``api``."""
-        return self._get(op, group, nbytes, api)
-
-
-def _api_overhead_us(network, api: str, op: str, nbytes: int) -> float:
-    params = getattr(network, "params", None)
-    return params.api_overhead_us(api, op, nbytes) if hasattr(params, "api_overhead_us") else 0.0
-
-
-def api_of(name: str) -> str:
-    """The API a traced collective was called through, from its op name."""
-    return "functional" if name.startswith("_c10d_functional.") else "c10d"
-
-
-@dataclass(frozen=True)
-class OpContext:
-    """What turning trace rows into ops needs besides the rows."""
-
-    kernels: Mapping[str, float]
-    timer: CommTimer
-    slowdown: object = None      # echo.overlap.Slowdown (None: no overlap slowdown)
-    gpus_per_node: int = 1 << 30  # for link classes; default: everything on one node
-
-    def link(self, group: Sequence[int]) -> str:
-        return "nic" if len({r // self.gpus_per_node for r in group}) > 1 else "nvlink"
-
-    def s(self, op_class: str) -> float:
-        return self.slowdown.of(op_class) if self.slowdown is not None else 0.0
-
-
-def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
-    """One ops.parquet row (and its comms.parquet row, for collectives and p2p) as an Op."""
-    kind = row["kind"]
-    if kind in COMPUTE_KINDS:
-        key = row["kernel_key"]
-        if key not in ctx.kernels:
-            raise MissingKernelError(key, f"rank {row['rank']} seq {row['seq']} {row['name']}")
-        op_class = row.get("op_class") or "other"
-        return Op(row["seq"], kind, "compute", float(ctx.kernels[key]), flops=float(row["flops"] or 0.0),
-                  recompute=row["phase"] == "recompute", slowdown=ctx.s(op_class), op_class=op_class)
-    if comm is None:
-        raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
-                         f"(comm_id {row['comm_id']})")
-    group = tuple(int(r) for r in comm["group"])
-    api = api_of(row["name"])
-    us, latency, loads = ctx.timer.transfer(comm["op"], group, comm["bytes"], api)
-    stream = row["stream"]
-    if kind == "p2p":
-        stream = "p2p_bwd" if row["phase"] in ("backward", "recompute") else "p2p_fwd"
-    return Op(row["seq"], kind, stream, us, blocking=bool(comm["blocking"]), comm_kind=comm["group_kind"],
-              op=comm["op"], group=group, peer=int(comm.get("peer", -1) if comm.get("peer") is not None else -1),
-              link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads, api=api)
-
-
 @dataclass(frozen=True)
 class RankCosts:
     """One rank's (or one pipeline stage's) task programs, ready for the engines."""
@@ -458,26 +356,6 @@ class RankCosts:
 
     def tasks(self) -> tuple[Program, ...]:
         return (*self.forward, *self.backward, self.grad_sync, self.optimizer)
-
-
-def reduce_rank(ops: Sequence[Mapping], comms: Mapping[int, Mapping], ctx: OpContext,
-                waits: Mapping[int, Sequence[int]] | None = None) -> RankCosts:
-    """One rank's ops (rows of ops.parquet, any order) and comms (by comm_id) -> its programs."""
-    tasks: dict[tuple[str, int], list[Op]] = {}
-    for row in sorted(ops, key=lambda r: r["seq"]):
-        task = TASK_OF_PHASE.get(row["phase"])
-        if task is None:
-            raise ValueError(f"rank {row['rank']} seq {row['seq']}: unknown phase '{row['phase']}'")
-        chunk = row["chunk"] if task in ("F", "B") else 0
-        tasks.setdefault((task, chunk), []).append(to_op(row, comms.get(row["comm_id"]), ctx))
-    chunks = 1 + max((c for (t, c) in tasks if t in ("F", "B")), default=0)
-
-    def prog(task: str, chunk: int = 0) -> Program:
-        return Program(tasks.get((task, chunk), ()), waits)
-
-    return RankCosts(forward=tuple(prog("F", c) for c in range(chunks)),
-                     backward=tuple(prog("B", c) for c in range(chunks)),
-                     grad_sync=prog("grad_sync"), optimizer=prog("optimizer"))
 
 
 def slowest(costs: Sequence[RankCosts]) -> RankCosts:

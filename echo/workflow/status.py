@@ -3,7 +3,7 @@
 It asks Snakemake (a dry run, and ``--summary`` for every output of the DAG) and adds what
 Snakemake does not say: for a job whose params changed, which config keys changed, by comparing
 the params Snakemake recorded for the job's outputs (``.snakemake/metadata``) with the configs
-as they are now (workload, hardware, topology slices and the stage's code version).
+as the rules compute them now (echo.workflow.params: the config slices and the stage's code version).
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+
+from echo.workflow.params import CONFIG_PARAMS
+from echo.workflow.versions import RULE_STAGE, STAGE_MODULES, code_version
 
 _JOB = re.compile(r"^(local)?rule (\S+):$")
 # Pipeline order, for listing jobs.
-ORDER = ("trace", "sweep_trace", "dedup", "profile", "calibrate", "simulate", "sweep_layouts", "sweep_rank",
-         "plot_experiment", "plot_overview", "plot_sweep", "report")
-# The stage whose code version a rule carries in params, where it is not the rule's own name.
-RULE_STAGE = {"plot_experiment": "report", "plot_overview": "report", "plot_sweep": "report",
-              "sweep_layouts": "sweep", "sweep_rank": "sweep"}
+ORDER = ("trace", "sweep_trace", "dedup", "profile", "calibrate", "overlap", "simulate", "sweep_layouts",
+         "sweep_rank", "measure", "compare", "validate_local", "validate", "validate_errors", "plot_experiment",
+         "plot_overview", "plot_sweep", "report")
 _FIELD = re.compile(r"^\s+(input|output|wildcards|reason|jobid): (.*)$")
 
 
@@ -101,48 +103,43 @@ def diff(old: object, new: object, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix or 'value'}: {old!r} -> {new!r}"]
 
 
-def current_slices(job: Job, config_dir: Path | None) -> dict[str, dict]:
-    """The config slices a job's params hold now, by the name they carry."""
-    from echo.config import load_hardware, load_topology, load_workload
-    from echo.sweep import is_sweep_name, sweep_workload
-
-    out = {}
-    for kind, load in (("workload", load_workload), ("hardware", load_hardware), ("topology", load_topology)):
-        name = job.wildcards.get(kind)
-        if name is None:
-            continue
-        try:
-            if kind == "workload" and is_sweep_name(name):
-                out[kind] = sweep_workload(name, root=config_dir).model_dump()
-            else:
-                out[kind] = load(name, root=config_dir).model_dump()
-        except Exception as exc:  # a broken file: the dry run has said so already
-            out[kind] = {"error": str(exc)}
-    return out
+def _literal(text: str) -> object:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None  # not a plain value: nothing to compare key by key
 
 
-def explain_params(job: Job, workdir: Path, config_dir: Path | None) -> list[str]:
-    """Which config keys (or which stage's code) changed since the job's outputs were made."""
-    from echo.versioning import STAGE_MODULES, code_version
-
+def explain_params(job: Job, workdir: Path, config_dir: Path | None = None) -> list[str]:
+    """Which config keys (or which stage's code) changed since the job's outputs were made: the
+    params the rule computes now (echo.workflow.params, the rules' own functions, and the stage's
+    code version) against those Snakemake recorded (as it does, by repr)."""
     recorded = recorded_params(workdir, job.output[0]) if job.output else None
     if not recorded:
         return []
-    slices = current_slices(job, config_dir)
-    found: list[str] = []
-    for text in recorded:
+    wildcards = SimpleNamespace(**job.wildcards)
+    now = {}
+    for name, params in CONFIG_PARAMS.get(job.rule, {}).items():
         try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
+            now[name] = params(wildcards, config_dir or workdir / "config")
+        except Exception:  # a broken file: the dry run has said so already
             continue
-        if isinstance(value, dict) and "name" in value:
-            for kind, now in slices.items():
-                if now.get("name") == value["name"]:
-                    found += [f"{kind} {value['name']}: {d}" for d in diff(value, now)]
-        elif isinstance(value, str) and re.fullmatch(r"[0-9a-f]{12}", value):
-            stage = RULE_STAGE.get(job.rule, job.rule)
-            if stage in STAGE_MODULES and value != code_version(stage):
-                found.append(f"code of stage {stage} ({value} -> {code_version(stage)})")
+    stage = RULE_STAGE.get(job.rule, job.rule)
+    if stage in STAGE_MODULES:
+        now["code"] = code_version(stage)
+    old = [_literal(r) for r in set(recorded) - {repr(v) for v in now.values()}]
+    found: list[str] = []
+    for name, value in now.items():
+        if repr(value) in recorded:
+            continue
+        if name == "code":
+            found += [f"code of stage {stage} ({o} -> {value})" for o in old
+                      if isinstance(o, str) and re.fullmatch(r"[0-9a-f]{12}", o)][:1]
+            continue
+        same = [o for o in old if isinstance(o, dict) and o.get("name") == value["name"]]
+        if same:  # the recorded slice of that name (and most keys in common, should two share it)
+            before = max(same, key=lambda o: len(set(o) & set(value)))
+            found += [f"{name} {value['name']}: {d}" for d in diff(before, value)]
     return found
 
 

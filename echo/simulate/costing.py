@@ -1,0 +1,120 @@
+"""Costing: a traced rank's rows priced into its task programs (program.py): compute ops from
+kernels.parquet and the overlap slowdown, collectives and p2p from the network's
+``echo.network.CollectiveCosts`` (time, link loads, calling API's overhead)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from echo.network.model import CollectiveCosts
+from echo.simulate.program import COMPUTE_KINDS, Op, Program, RankCosts
+
+# Which schedule task each trace phase belongs to. Recomputation runs right before the backward
+# of the same micro-batch (Megatron-LM's checkpointing and torch.utils.checkpoint alike).
+TASK_OF_PHASE = {"forward": "F", "backward": "B", "recompute": "B", "grad_sync": "grad_sync",
+                 "optimizer": "optimizer"}
+
+
+class MissingKernelError(LookupError):
+    """An op's kernel key has no duration in kernels.parquet (the profile stage missed it)."""
+
+    def __init__(self, key: str, where: str):
+        self.key = key
+        super().__init__(f"kernel '{key}' ({where}) has no duration in kernels.parquet")
+
+
+class CommTimer:
+    """Network times from ``network``, each distinct (op, group, bytes, api) asked once: a rank
+    repeats the same few collectives layer after layer. Besides the time, each transfer's
+    latency and link loads (for link sharing) when the network gives them."""
+
+    def __init__(self, network: CollectiveCosts):
+        if not isinstance(network, CollectiveCosts):
+            raise TypeError(f"simulate: the network must be an echo.network.CollectiveCosts, got {type(network).__name__}")
+        self._network = network
+        self._cache: dict[tuple[str, tuple[int, ...], int, str], tuple[float, float, tuple]] = {}
+
+    def transfer(self, op: str, group: Sequence[int], nbytes: int, api: str = "c10d") -> tuple[float, float, tuple]:
+        """(time, latency, link loads) of one transfer called through ``api``."""
+        key = (op, tuple(group), int(nbytes), api)
+        if key not in self._cache:
+            net = self._network
+            us = float(net.estimate(op, group=list(group), nbytes=int(nbytes)).time_us)
+            latency, loads, extra = 0.0, (), 0.0
+            if len(set(group)) > 1:
+                f = net.flow(op, group, int(nbytes))
+                if f is not None:
+                    latency = min(float(f.latency_us), us)
+                    loads = tuple(sorted(f.loads.items()))
+                # the calling API's own work (a copy, Python on the calling thread) loads no link
+                extra = net.api_overhead_us(api, op, nbytes)
+            self._cache[key] = (us + extra, latency + extra, loads)
+        return self._cache[key]
+
+
+def api_of(name: str) -> str:
+    """The API a traced collective was called through, from its op name."""
+    return "functional" if name.startswith("_c10d_functional.") else "c10d"
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What turning trace rows into ops needs besides the rows."""
+
+    kernels: Mapping[str, float]
+    timer: CommTimer
+    slowdown: object = None      # echo.overlap.Slowdown (None: no overlap slowdown)
+    gpus_per_node: int = 1 << 30  # for link classes; default: everything on one node
+
+    def link(self, group: Sequence[int]) -> str:
+        return "nic" if len({r // self.gpus_per_node for r in group}) > 1 else "nvlink"
+
+    def s(self, op_class: str) -> float:
+        return self.slowdown.of(op_class) if self.slowdown is not None else 0.0
+
+
+def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
+    """One ops.parquet row (and its comms.parquet row, for collectives and p2p) as an Op."""
+    kind = row["kind"]
+    if kind in COMPUTE_KINDS:
+        key = row["kernel_key"]
+        if key not in ctx.kernels:
+            raise MissingKernelError(key, f"rank {row['rank']} seq {row['seq']} {row['name']}")
+        op_class = row.get("op_class") or "other"
+        return Op(row["seq"], kind, "compute", float(ctx.kernels[key]), flops=float(row["flops"] or 0.0),
+                  recompute=row["phase"] == "recompute", slowdown=ctx.s(op_class), op_class=op_class)
+    if comm is None:
+        raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
+                         f"(comm_id {row['comm_id']})")
+    group = tuple(int(r) for r in comm["group"])
+    api = api_of(row["name"])
+    us, latency, loads = ctx.timer.transfer(comm["op"], group, comm["bytes"], api)
+    stream = row["stream"]
+    if kind == "p2p":
+        stream = "p2p_bwd" if row["phase"] in ("backward", "recompute") else "p2p_fwd"
+    return Op(row["seq"], kind, stream, us, blocking=bool(comm["blocking"]), comm_kind=comm["group_kind"],
+              op=comm["op"], group=group, peer=int(comm.get("peer", -1) if comm.get("peer") is not None else -1),
+              link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads, api=api)
+
+
+def reduce_rank(ops: Sequence[Mapping], comms: Mapping[int, Mapping], ctx: OpContext,
+                waits: Mapping[int, Sequence[int]] | None = None) -> RankCosts:
+    """One rank's ops (rows of ops.parquet, any order) and comms (by comm_id) -> its programs."""
+    tasks: dict[tuple[str, int], list[Op]] = {}
+    for row in sorted(ops, key=lambda r: r["seq"]):
+        task = TASK_OF_PHASE.get(row["phase"])
+        if task is None:
+            raise ValueError(f"rank {row['rank']} seq {row['seq']}: unknown phase '{row['phase']}'")
+        chunk = row["chunk"] if task in ("F", "B") else 0
+        tasks.setdefault((task, chunk), []).append(to_op(row, comms.get(row["comm_id"]), ctx))
+    chunks = 1 + max((c for (t, c) in tasks if t in ("F", "B")), default=0)
+
+    def prog(task: str, chunk: int = 0) -> Program:
+        return Program(tasks.get((task, chunk), ()), waits)
+
+    return RankCosts(forward=tuple(prog("F", c) for c in range(chunks)),
+                     backward=tuple(prog("B", c) for c in range(chunks)),
+                     grad_sync=prog("grad_sync"), optimizer=prog("optimizer"))
+
+
