@@ -154,9 +154,9 @@ TIMELINE = pa.schema([
     ("end_s", pa.float64()),
 ])
 
-# --- trace: results/trace/{workload}/schedule.parquet ---------------------------------------
+# --- simulate: results/simulate/{workload}/{hardware}/{topology}/schedule.parquet -------------
 # Each traced rank's pipeline p2p in schedule order: the traced per-chunk template expanded over
-# the micro-batch order of the workload's schedule (gpipe, 1f1b, interleaved).
+# the micro-batch order the simulation ran (gpipe, 1f1b, interleaved).
 SCHEDULE = pa.schema([
     ("rank", pa.int32()),
     ("step", pa.int32()),          # position of the task in the stage's order

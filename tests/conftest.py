@@ -193,3 +193,15 @@ def fixed_eager_step(monkeypatch):
 
     monkeypatch.setattr(eager, "step_overheads", lambda cache_dir: dict(FIXED_EAGER))
     return FIXED_EAGER
+
+
+# Fixtures that run real work (a gloo benchmark, tracing the Table 4 layers, a real training run,
+# the tiny experiments' report) or Snakemake in a copy of the workflow: every test that uses one is slow, so `make
+# test-fast` (the unit tests) leaves it out; `make test` runs everything.
+HEAVY_FIXTURES = {"gloo_bench", "layer_traces", "report_html", "real_run", "workflow_copy", "tiny_run", "stub_run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

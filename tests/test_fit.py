@@ -97,6 +97,7 @@ def test_every_table4_row_is_traceable():
         {r.experiment: None for r in cal.KORTHIKANTI_TABLE4}
 
 
+@pytest.mark.slow
 def test_each_table4_row_is_reproduced_within_10pct(layer_traces, network):
     hw = load_hardware(cal.KORTHIKANTI_HARDWARE)
     rows = cal.evaluate(hw, layer_traces, network)
@@ -221,6 +222,7 @@ def test_step_time_fit_recovers_a_known_value(small_case):
         steps.fit_steps(hw, [case], network, fit_rows=["small"])
 
 
+@pytest.mark.slow
 def test_step_time_fit_reproduces_the_file_and_holds_out_the_odd_rows(reference):
     """The stored H100 sustained_compute is the fit on the Megatron-Core table's even rows (needs the
     workflow's traces of those rows: snakemake results/dedup/mcore-h100-gpt-*/rank_classes.parquet)."""

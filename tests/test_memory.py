@@ -38,6 +38,7 @@ def korthikanti(name: str, optimized: bool) -> Workload:
                      "recompute": "selective" if optimized else "none"}})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_memory_matches_korthikanti_figure_1(name, tmp_path):
     params_opt, act_plain, act_optimized = FIGURE_1[name]

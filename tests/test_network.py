@@ -243,6 +243,7 @@ def test_collective_main(tmp_path):
 
 # --- the real gloo benchmark and the fit --------------------------------------------------
 
+@pytest.mark.slow
 def test_gloo_benchmark_table(gloo_bench):
     cal = load_topology("local-gloo").calibration
     assert gloo_bench.schema == BENCH_SCHEMA
@@ -294,6 +295,7 @@ def _close(errors: np.ndarray) -> bool:
     return errors.mean() < 0.15 and errors.max() < 0.6
 
 
+@pytest.mark.slow
 def test_gloo_fit_predicts_held_out_sizes(gloo_bench):
     """Fit on even-indexed sizes, predict the odd ones (typically 5-10% mean error here).
 

@@ -218,7 +218,8 @@ def test_cache_times_only_new_kernels(tmp_path, monkeypatch):
     mm, add, ln, *_ = real_kernels()
     note1 = run_profile(hw, write_trace(tmp_path, ops_table([mm, add]), "w1"), tmp_path / "k1.parquet", cache)
     assert set(timed) == {mm.kernel_key, add.kernel_key}
-    assert len(timed) == 2 * measure_mod.PASSES  # each kernel once per pass
+    # each kernel once per pass, plus the extra windows a kernel gets while a neighbour is busy
+    assert 2 * measure_mod.PASSES <= len(timed) <= 2 * (measure_mod.PASSES + measure_mod.EXTRA_PASSES)
     assert (note1["measure"]["timed"], note1["measure"]["cached"]) == (2, 0)
     timed.clear()
     note2 = run_profile(hw, write_trace(tmp_path, ops_table([add, ln]), "w2"), tmp_path / "k2.parquet", cache)
@@ -361,6 +362,7 @@ def test_dtensor_host_overhead_is_added_on_the_host_synchronous_cpu_only(hw_name
         assert p["host_us"] == f["host_us"] == 0.0 and p["duration_us"] == f["duration_us"]
 
 
+@pytest.mark.slow
 def test_dtensor_call_overhead_is_measured_once_and_cached(tmp_path):
     from echo.profile import host
 

@@ -49,6 +49,7 @@ def test_colocated_ranks_are_capped_by_the_cores():
     assert eager.colocation_factor(measured, 64) == 1.1
 
 
+@pytest.mark.slow
 def test_eager_step_is_measured_once_and_cached(tmp_path):
     first = eager.step_overheads(tmp_path)
     assert not first["cached"]

@@ -18,7 +18,7 @@ from echo.profile import measure as measure_mod
 from echo.trace import run_trace
 
 # the kernels' own timings are compared; the eager per-op charge is measured once per CPU
-pytestmark = pytest.mark.usefixtures("fixed_eager_step")
+pytestmark = [pytest.mark.usefixtures("fixed_eager_step"), pytest.mark.slow]  # real kernel timing, minutes
 
 
 @pytest.fixture(scope="module")

@@ -227,6 +227,7 @@ def report_html(tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return wf / "report.html"
 
 
+@pytest.mark.slow
 def test_report_holds_every_figure(report_html: Path) -> None:
     results = report_results(report_html)
     for w, h, t in TINY:

@@ -193,6 +193,7 @@ def test_report_shows_configured_sweeps(workflow_copy: Path) -> None:
     assert not any(rule.startswith("sweep") or rule == "plot_sweep" for rule, _ in dry_run(workflow_copy))
 
 
+@pytest.mark.slow
 def test_sweep_edit_reruns_only_new_layouts(tmp_path: Path) -> None:
     """A completed sweep (stub stages), then one more tp value: only the new layouts' jobs run,
     and the sweep's own bookkeeping."""

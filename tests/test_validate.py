@@ -132,6 +132,7 @@ def _check_run(w, out: Path, iters: int):
     return rows, phases
 
 
+@pytest.mark.slow  # a real training run
 def test_measure_trains_data_parallel_zero1_for_real(tmp_path):
     w = load_workload("tiny-dp2-zero1")
     run_measure(w, tmp_path, warmup=1, iters=2)
@@ -141,6 +142,7 @@ def test_measure_trains_data_parallel_zero1_for_real(tmp_path):
     assert all(r["world_size"] == 2 for r in rows)
 
 
+@pytest.mark.slow  # a real training run
 def test_measure_runs_the_interleaved_pipeline(tmp_path):
     w = load_workload("tiny-pp2-interleaved")
     run_measure(w, tmp_path, warmup=1, iters=2, profile=False)

@@ -104,7 +104,7 @@ def measure() -> dict:
         times = inloop.replay_in_processes(trace_dir, {o["kernel_key"] for o in ops})
         missing = sorted({o["name"] for o in ops if o["kernel_key"] not in times})
         if missing:
-            raise RuntimeError(f"eager calibration: reference kernels not replayed: {missing}")
+            raise RuntimeError(f"eager step measurement: reference kernels not replayed: {missing}")
         predicted_ms = sum(times[o["kernel_key"]] for o in ops) / 1e3
     n = cores()
     eager = _eager_runs(n)
@@ -158,7 +158,7 @@ def _reply(p: subprocess.Popen) -> float:
     for line in p.stdout:
         if line.startswith(_REPLY):
             return json.loads(line[len(_REPLY):])["median_ms"]
-    raise RuntimeError(f"eager calibration: a reference process failed:\n{p.stderr.read()[-3000:]}")
+    raise RuntimeError(f"eager step measurement: a reference process failed:\n{p.stderr.read()[-3000:]}")
 
 
 def _child(args: list[str]) -> None:
@@ -166,7 +166,7 @@ def _child(args: list[str]) -> None:
 
     proc = launch.run("echo.profile.eager", *args)
     if proc.returncode:
-        raise RuntimeError(f"eager calibration ({args[0]}) failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"eager step measurement ({args[0]}) failed:\n{proc.stderr[-3000:]}")
 
 
 def _torch_version() -> str:

@@ -3,7 +3,7 @@
 # workload times only kernels no earlier one had; scaled to in-loop time by replaying the
 # trace's tasks in order; on a host_synchronous device the eager engine's time per op and
 # DTensor's dispatch time per call added, and the slowdown of the workload's ranks side by side
-# applied, each measured once per CPU and cached there too), modelled (roofline + calibrated efficiency)
+# applied, each measured once per CPU and cached there too), modelled (roofline + fitted efficiency)
 # for a GPU. A PyTorch profiler (Kineto) Chrome trace of a real run of the workload on that
 # hardware, dropped at imports/kineto/{workload}/{hardware}.json (or .json.gz), fills the
 # kernels it covers (source = imported); profile.json counts what it could not match.
