@@ -49,22 +49,14 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def buckets(numels: list[int], dp: int) -> list[int]:
-    """Bucket sizes in elements, filled in backward order (last parameters' gradients are ready
-    first), each padded to a multiple of dp so it splits evenly into shards."""
-    limit = max(BUCKET_ELEMENTS, 1_000_000 * dp)
-    sizes, current = [], 0
-    for n in reversed(numels):
-        current += n
-        if current >= limit:
-            sizes.append(current)
-            current = 0
-    if current:
-        sizes.append(current)
-    return [-(-s // dp) * dp for s in sizes]
+    """Bucket sizes in elements (``bucket_members``' buckets), each padded to a multiple of dp so
+    it splits evenly into shards."""
+    return [-(-sum(numels[i] for i in m) // dp) * dp for m in bucket_members(numels, dp)]
 
 
 def bucket_members(numels: list[int], dp: int) -> list[list[int]]:
-    """Parameter indices of each bucket, in the order ``buckets`` fills them."""
+    """Parameter indices of each bucket, filled in backward order (last parameters' gradients are
+    ready first) up to Megatron's bucket size."""
     limit = max(BUCKET_ELEMENTS, 1_000_000 * dp)
     members, current, total = [], [], 0
     for i in reversed(range(len(numels))):
