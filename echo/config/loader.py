@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from echo.config.hardware import Hardware
+from echo.config.hf import expand_model_section
 from echo.config.topology import Topology
 from echo.config.workload import Workload
 from echo.errors import ConfigError
@@ -68,6 +69,8 @@ def _unknown_key_reason(model: type[BaseModel], loc: tuple) -> str:
 
 
 def parse_workload(data: dict, path: Path) -> Workload:
+    if isinstance(data.get("model"), dict):
+        data = {**data, "model": expand_model_section(data["model"], path)}
     workload = _validate(Workload, data, path)
     problems = workload.contradictions()
     if problems:

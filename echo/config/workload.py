@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -13,7 +13,9 @@ class ModelConfig(BaseModel):
     """The transformer's shape."""
 
     model_config = _STRICT
-    arch: Literal["gpt", "llama"] = Field(description="gpt: learned positions, GELU, LayerNorm; llama: RoPE, SwiGLU, RMSNorm, GQA")
+    arch: Literal["gpt", "llama", "hf"] = Field(
+        description="gpt: learned positions, GELU, LayerNorm; llama: RoPE, SwiGLU, RMSNorm, GQA; hf: the "
+        "architecture of hf_config, built by transformers (set by the loader when hf_config is given)")
     layers: PositiveInt = Field(description="transformer layers")
     hidden: PositiveInt = Field(description="model width h")
     heads: PositiveInt = Field(description="attention heads")
@@ -27,6 +29,12 @@ class ModelConfig(BaseModel):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability (attention and hidden)")
     experts: int = Field(0, ge=0, description="> 0 makes the MLP a mixture of experts")
     top_k: int = Field(0, ge=0, description="experts each token is routed to")
+    hf_config: dict | None = Field(
+        None, description="a Hugging Face config.json: in the workload file its path (relative to the "
+        "repository root); once loaded, its content with hf_overrides applied. The shape fields above are "
+        "then derived from it (echo.config.hf)")
+    hf_source: str | None = Field(None, description="the path hf_config was read from (set by the loader)")
+    hf_overrides: dict = Field(default_factory=dict, description="config.json keys to change, e.g. num_hidden_layers")
 
     @property
     def kv(self) -> int:
@@ -42,7 +50,15 @@ class ModelConfig(BaseModel):
 
     @property
     def head_dim(self) -> int:
+        if self.hf_config and self.hf_config.get("head_dim"):  # Qwen3, GPT-OSS: not hidden / heads
+            return int(self.hf_config["head_dim"])
         return self.hidden // self.heads
+
+    @model_validator(mode="after")
+    def _hf_is_whole(self) -> ModelConfig:
+        if (self.arch == "hf") != (self.hf_config is not None):
+            raise ValueError("arch 'hf' goes with hf_config (the loader sets both from the config.json path)")
+        return self
 
 
 class ParallelConfig(BaseModel):
@@ -151,7 +167,7 @@ class Workload(BaseModel):
             if not ok:
                 out.append((key, reason))
 
-        need(m.hidden % m.heads == 0, "model.hidden", f"hidden {m.hidden} is not divisible by heads {m.heads}")
+        need(m.arch == "hf" or m.hidden % m.heads == 0, "model.hidden", f"hidden {m.hidden} is not divisible by heads {m.heads}")
         need(m.heads % p.tp == 0, "parallel.tp", f"heads {m.heads} is not divisible by tp {p.tp}")
         need(m.kv % p.tp == 0 or p.tp % m.kv == 0, "model.kv_heads", f"kv_heads {m.kv} and tp {p.tp} do not divide one another")
         need(m.heads % m.kv == 0, "model.kv_heads", f"heads {m.heads} is not divisible by kv_heads {m.kv}")

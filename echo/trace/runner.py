@@ -36,6 +36,10 @@ def check_traceable(w: Workload) -> None:
     for unsupported, key, reason in _UNSUPPORTED:
         if unsupported(w):
             raise ConfigError(f"config/workloads/{w.name}.yaml", key, reason)
+    if w.model.arch == "hf":  # what transformers cannot build is refused before any process starts
+        from echo.training.hf import check_buildable
+
+        check_buildable(w)
 
 
 def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None = None) -> dict[str, pa.Table]:

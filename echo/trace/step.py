@@ -137,10 +137,7 @@ def _parallelize(w: Workload, layout: Layout, rank: int, groups: dict, chunks: l
     if mesh2d is not None:
         fsdp.apply_fsdp(chunks, mesh2d, dtype)
     for c in chunks:
-        for block in c.blocks:
-            block.attn.cp_group = groups["cp"]
-            if hasattr(block.mlp, "ep_group"):
-                block.mlp.ep_group = groups["ep"]
+        c.set_groups(groups)
 
 
 def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:

@@ -121,6 +121,8 @@ def reduction_sets(modules: list[nn.Module], groups: dict, parallel) -> list[Red
 
     experts = {id(p) for m in modules for mod in m.modules() if isinstance(mod, MoE)
                for p in (mod.w1, mod.w2, mod.w3)}
+    # transformers' routed experts, cut to the rank's share by hf_moe.localize_experts
+    experts |= {id(p) for m in modules for p in m.parameters() if getattr(p, "echo_expert", False)}
     dense, expert = [], []
     for m in modules:
         for p in m.parameters():

@@ -104,6 +104,13 @@ class ModelChunk(nn.Module):
             self.ln_f = (nn.RMSNorm if cfg.arch == "llama" else nn.LayerNorm)(cfg.hidden)
             self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
+    def set_groups(self, groups: dict) -> None:
+        """Hand the attention its context-parallel group and the experts their expert-parallel one."""
+        for block in self.blocks:
+            block.attn.cp_group = groups["cp"]
+            if hasattr(block.mlp, "ep_group"):
+                block.mlp.ep_group = groups["ep"]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = self.tok_emb(x)
@@ -120,10 +127,15 @@ class ModelChunk(nn.Module):
 
 
 
-def build_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[ModelChunk]:
+def build_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[nn.Module]:
     """The model chunks of pipeline rank ``pp_rank`` (one per virtual stage, interleaved layout:
     chunk c holds virtual stage c * pp + pp_rank), as the tracer and the real runs build them;
-    ``hook`` labels recomputed ops (the tracer's recorder)."""
+    ``hook`` labels recomputed ops (the tracer's recorder). A Hugging Face config is built by
+    transformers (hf.py)."""
+    if w.model.arch == "hf":
+        from echo.training.hf import build_hf_chunks  # transformers is imported only for such models
+
+        return build_hf_chunks(w, pp_rank, hook)
     p = w.parallel
     layers = p.layers_of(w.model.layers)
     return [ModelChunk(w.model, layers[c * p.pp + pp_rank], first=pp_rank == 0 and c == 0,

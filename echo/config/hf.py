@@ -1,0 +1,83 @@
+"""A model given as a Hugging Face ``config.json``: read it, apply overrides, and derive the shape
+fields every stage reads (layers, widths, heads, experts) from the architecture's own keys.
+
+Only JSON is read here; transformers builds the modules at trace time (echo.training.hf). The
+whole resolved config is kept in the workload, so that editing the JSON file re-traces.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from echo.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# ModelConfig field -> config.json keys that can carry it, first present wins (architectures
+# name the same quantity differently: Mixtral's num_local_experts, Qwen3's num_experts, ...)
+_SHAPE_KEYS = {
+    "layers": ("num_hidden_layers",),
+    "hidden": ("hidden_size",),
+    "heads": ("num_attention_heads",),
+    "kv_heads": ("num_key_value_heads",),
+    "ffn_hidden": ("intermediate_size",),
+    "vocab": ("vocab_size",),
+    "experts": ("n_routed_experts", "num_experts", "num_local_experts"),
+    "top_k": ("num_experts_per_tok",),
+}
+_REQUIRED = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+DERIVED = tuple(_SHAPE_KEYS)  # fields a workload with hf_config may not set itself
+
+
+def read_hf_config(path: str, overrides: dict, workload_path: Path) -> dict:
+    """The config.json at ``path`` (relative to the repository root, or absolute) with
+    ``overrides`` applied; refused with file, key and reason when unreadable or incomplete."""
+    file = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+    if not file.is_file():
+        raise ConfigError(workload_path, "model.hf_config", f"no such file: {file}")
+    try:
+        data = json.loads(file.read_text())
+    except ValueError as exc:
+        raise ConfigError(file, "-", f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(file, "-", "expected a JSON object (a config.json)")
+    unknown = sorted(set(overrides) - set(data))
+    if unknown:
+        raise ConfigError(workload_path, f"model.hf_overrides.{unknown[0]}",
+                          f"not a key of {file.name}; an override must change a key the config has")
+    data = {**data, **overrides}
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ConfigError(file, missing[0], "missing: every config.json of a decoder model has it")
+    return data
+
+
+def shape_fields(hf: dict) -> dict:
+    """ModelConfig fields derived from a resolved config.json (experts 0 for a dense model)."""
+    out = {}
+    for field, keys in _SHAPE_KEYS.items():
+        value = next((hf[k] for k in keys if hf.get(k) is not None), None)
+        if value is not None:
+            out[field] = int(value)
+    out.setdefault("experts", 0)
+    out.setdefault("top_k", 0 if not out["experts"] else out.get("top_k", 0))
+    return out
+
+
+def expand_model_section(model: dict, workload_path: Path) -> dict:
+    """A workload's ``model:`` mapping with ``hf_config`` (a path) resolved into the config's
+    content and the shape fields filled from it; a mapping without hf_config is returned as is."""
+    if "hf_config" not in model or isinstance(model["hf_config"], dict):
+        return model
+    clash = [k for k in DERIVED if k in model]
+    if clash:
+        raise ConfigError(workload_path, f"model.{clash[0]}",
+                          "comes from hf_config; change it with hf_overrides (the config.json key)")
+    if not isinstance(model["hf_config"], str):
+        raise ConfigError(workload_path, "model.hf_config", "expected the path of a config.json")
+    overrides = model.get("hf_overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(workload_path, "model.hf_overrides", "expected a mapping of config.json keys")
+    hf = read_hf_config(model["hf_config"], overrides, workload_path)
+    return {**model, "arch": "hf", "hf_source": model["hf_config"], "hf_config": hf,
+            "hf_overrides": overrides, **shape_fields(hf)}

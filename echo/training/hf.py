@@ -1,0 +1,192 @@
+"""Models given as Hugging Face configs, built with transformers' own modeling code (offline, no
+weights) and cut into pipeline chunks like the reference models.
+
+transformers' decoder layers are used as they are: attention projections, RoPE variants, MLA's
+low-rank projections, RMSNorm, routers, shared experts. Echo replaces two things, both for the
+GPU a trace stands for rather than for the math:
+- the attention kernel: an attention function registered as "echo" (transformers' own
+  AttentionInterface) runs Echo's causal attention core, so context parallelism, selective
+  recompute and the fused (flash) kernel are the same as for the reference models;
+- the routed experts' forward: transformers loops over the experts a batch hit, a data-dependent
+  loop a fake trace cannot take. Echo runs the Megatron-Core path instead (hf_moe.py): balanced
+  routing, all-to-all dispatch over expert parallelism, one grouped GEMM per projection, combine.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from echo.config.workload import ModelConfig, Workload
+from echo.errors import ConfigError
+from echo.training import hf_moe
+from echo.training.layers import RecomputeHook, attention_core, recomputed
+
+ATTENTION = "echo"
+
+
+def _echo_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function contract: q [b, heads, s, d], k/v [b, kv_heads, s, d]
+    in, ([b, s, heads, d_v], None) out. Causal, as every decoder here (no mask is passed)."""
+    group = query.shape[1] // key.shape[1]
+    if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    d_v = value.shape[-1]
+    if d_v < query.shape[-1]:
+        # MLA (DeepSeek): q/k heads of 192, v heads of 128. Fused kernels take one head size, so
+        # v is padded and the output cut, as transformers' own flash-attention path does for MLA
+        value = F.pad(value, [0, query.shape[-1] - d_v])
+    selective, hook = getattr(module, "echo_selective", False), getattr(module, "echo_hook", nullcontext)
+    out = attention_core(query, key, value, selective, hook, getattr(module, "cp_group", None), "flash",
+                         dropout if module.training else 0.0)
+    return out[..., :d_v].transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _echo_attention)
+
+
+def source(cfg: ModelConfig) -> str:
+    return cfg.hf_source or "model.hf_config"
+
+
+def hf_config(cfg: ModelConfig):
+    """The transformers config object of ``cfg.hf_config``; an architecture the pinned
+    transformers does not know, or keys its class rejects, are a ConfigError naming the file."""
+    from transformers import AutoConfig
+
+    data = dict(cfg.hf_config)
+    model_type = data.pop("model_type")
+    for key in ("architectures", "transformers_version", "torch_dtype", "dtype"):
+        data.pop(key, None)  # provenance, not shape
+    try:
+        conf = AutoConfig.for_model(model_type, **data)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(source(cfg), "model_type", f"transformers {_version()} cannot build it: {exc}") from None
+    conf.use_cache = False
+    conf._attn_implementation = ATTENTION
+    return conf
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def check_buildable(w: Workload) -> None:
+    """Refuse, before tracing, what transformers or Echo's plans cannot build for ``w``."""
+    cfg, p = w.model, w.parallel
+    conf = hf_config(cfg)
+    from transformers import AutoModelForCausalLM
+
+    if type(conf) not in AutoModelForCausalLM._model_mapping:
+        raise ConfigError(source(cfg), "model_type", f"'{conf.model_type}' has no causal-LM class in transformers {_version()}")
+    if getattr(conf, "tie_word_embeddings", False) and (p.pp > 1 or p.tp > 1):
+        raise ConfigError(source(cfg), "tie_word_embeddings",
+                          "tied embeddings are not traced with tp or pp > 1 (Megatron unties them across stages)")
+    heads = cfg.heads
+    if heads % p.tp:
+        raise ConfigError(source(cfg), "num_attention_heads", f"{heads} heads are not divisible by tp {p.tp}")
+
+
+def build_hf_model(cfg: ModelConfig) -> nn.Module:
+    """The whole causal LM of ``cfg`` with uninitialized parameters (the tracer's fake mode)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    _register_attention()
+    with no_init_weights():
+        return AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation=ATTENTION)
+
+
+class HFChunk(nn.Module):
+    """Consecutive decoder layers of a transformers causal LM, with the token embedding on the
+    first chunk and the final norm + LM head on the last; same contract as model.ModelChunk."""
+
+    hf = True
+
+    def __init__(self, lm: nn.Module, layer_ids: range, *, first: bool, last: bool,
+                 recompute: str = "none", hook: RecomputeHook = nullcontext):
+        super().__init__()
+        base = lm.model
+        self.first, self.last, self.layer_ids = first, last, layer_ids
+        self.tok_emb = base.embed_tokens if first else None
+        self.blocks = nn.ModuleList(base.layers[i] for i in layer_ids)
+        self.rotary = base.rotary_emb  # no parameters: every chunk computes its own RoPE tables
+        self.ln_f, self.head = (base.norm, lm.lm_head) if last else (None, None)
+        self.full, self.hook = recompute == "full", hook
+        self.seq_shard = (0, 1)
+        # the model's own tensor-parallel plan, where transformers ships one (tensor_parallel.py)
+        self.hf_tp_plan = dict(getattr(lm.config, "base_model_tp_plan", None) or {})
+        for block in self.blocks:
+            block.self_attn.echo_selective, block.self_attn.echo_hook = recompute == "selective", hook
+            block.hook = hook  # the sequence-parallel plan labels its backward gathers with it
+
+    def set_groups(self, groups: dict) -> None:
+        for block in self.blocks:
+            block.self_attn.cp_group = groups["cp"]
+            for m in block.mlp.modules():
+                if hasattr(m, "ep_group"):
+                    m.ep_group = groups["ep"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = self.tok_emb(x)
+        local = x.to_local() if hasattr(x, "to_local") else x
+        # positions of the whole (context-parallel local) sequence: attention gathers it first
+        s = local.shape[1] * self.seq_shard[1]
+        positions = torch.arange(s, device=local.device).unsqueeze(0)
+        rope = self.rotary(local, positions)
+        for block in self.blocks:
+            x = recomputed(self._layer(block), self.hook)(x, *rope) if self.full else self._layer(block)(x, *rope)
+        if self.last:
+            x = self.head(self.ln_f(x))
+        return x
+
+    @staticmethod
+    def _layer(block: nn.Module):
+        def run(x, cos, sin):
+            return block(x, attention_mask=None, position_embeddings=(cos, sin))
+        return run
+
+
+def layer_ranges(w: Workload, pp_rank: int) -> list[range]:
+    layers, p = w.parallel.layers_of(w.model.layers), w.parallel
+    starts = [sum(layers[:i]) for i in range(len(layers))]
+    return [range(starts[c * p.pp + pp_rank], starts[c * p.pp + pp_rank] + layers[c * p.pp + pp_rank])
+            for c in range(p.virtual_stages)]
+
+
+def build_hf_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[HFChunk]:
+    """The chunks of pipeline rank ``pp_rank`` (layout as model.build_chunks), routed experts
+    cut to this rank's 1/ep of them."""
+    p = w.parallel
+    lm = build_hf_model(w.model)
+    chunks = [HFChunk(lm, ids, first=pp_rank == 0 and c == 0, last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
+                      recompute=w.training.recompute, hook=hook)
+              for c, ids in enumerate(layer_ranges(w, pp_rank))]
+    for chunk in chunks:
+        hf_moe.localize_experts(chunk, p.ep)
+    return chunks
+
+
+def parameter_counts(cfg: ModelConfig) -> tuple[int, int]:
+    """(total, active per token) parameters of the whole model, built on the meta device: routed
+    experts count top_k / experts towards the active figure, everything else fully."""
+    with torch.device("meta"):
+        lm = build_hf_model(cfg)
+    total = sum(t.numel() for t in lm.parameters())
+    routed = sum(t.numel() for m in lm.modules() if hf_moe.is_experts(m) for t in m.parameters())
+    frac = cfg.top_k / cfg.experts if cfg.experts else 1.0
+    return total, round(total - routed * (1 - frac))
+
+
+def config_file(cfg: ModelConfig) -> Path | None:
+    return Path(cfg.hf_source) if cfg.hf_source else None

@@ -1,0 +1,75 @@
+"""Routed experts of transformers' MoE layers, run the way Megatron-Core runs them on GPUs.
+
+transformers keeps each MoE layer's routed experts in one module (``*Experts``) holding 3-D
+weights [experts, ., .] and loops over the experts that a batch hit, a data-dependent loop that
+a fake trace cannot take and that no GPU framework uses for training. Echo keeps transformers'
+router, shared experts and weights and replaces that module's forward with the path of
+moe.MoE: balanced routing (every local expert receives tokens x top_k x ep / experts rows, the
+capacity a load-balancing loss steers towards), all-to-all dispatch over the expert-parallel
+group, one batched GEMM per projection, all-to-all combine, weighted sum over the top_k.
+With expert parallelism each rank keeps experts / ep of the weights.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+
+
+def is_experts(m: nn.Module) -> bool:
+    """Whether ``m`` is a transformers routed-experts module (3-D gate_up_proj and down_proj)."""
+    up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+    return isinstance(up, nn.Parameter) and isinstance(down, nn.Parameter) and up.dim() == 3 and down.dim() == 3
+
+
+def localize_experts(chunk: nn.Module, ep: int) -> None:
+    """Cut every experts module of ``chunk`` to its 1/ep share and give it the Megatron path."""
+    for m in chunk.modules():
+        if not is_experts(m):
+            continue
+        experts = m.gate_up_proj.shape[0]
+        if experts % ep:
+            raise ValueError(f"{experts} experts are not divisible by ep {ep}")
+        local = experts // ep
+        for name, param in list(m.named_parameters(recurse=False)):
+            # a new parameter of the local share (fake: no memory); tagged so that data
+            # parallelism reduces it over the expert-data-parallel group
+            new = nn.Parameter(param.new_empty((local, *param.shape[1:])))
+            new.echo_expert = True
+            setattr(m, name, new)
+        m.local_experts, m.ep, m.ep_group = local, ep, None
+        m.forward = types.MethodType(_forward, m)
+
+
+def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """[tokens, h] in and out, as transformers' experts modules (indices and weights [tokens, k])."""
+    tokens, h = hidden_states.shape
+    k = top_k_index.shape[-1]
+    # one copy of each token per chosen expert, grouped by destination (balanced routing)
+    routed = _all_to_all(self, hidden_states.repeat_interleave(k, dim=0))
+    x = routed.view(self.local_experts, -1, h)
+    up = self.gate_up_proj
+    # most architectures store [experts, 2f, h] (a linear's weight); GPT-OSS stores [experts, h, 2f]
+    gate_up = torch.bmm(x, up if up.shape[1] == h else up.transpose(1, 2))
+    if getattr(self, "gate_up_proj_bias", None) is not None:
+        gate_up = gate_up + self.gate_up_proj_bias.unsqueeze(1)
+    if hasattr(self, "_apply_gate"):  # GPT-OSS: clamped, interleaved SwiGLU
+        act = self._apply_gate(gate_up)
+    else:
+        gate, lin = gate_up.chunk(2, dim=-1)
+        act = self.act_fn(gate) * lin
+    down = self.down_proj
+    y = torch.bmm(act, down if down.shape[1] == act.shape[-1] else down.transpose(1, 2))
+    if getattr(self, "down_proj_bias", None) is not None:
+        y = y + self.down_proj_bias.unsqueeze(1)
+    y = _all_to_all(self, y.reshape(-1, h))
+    return (y.view(tokens, k, h) * top_k_weights.to(y.dtype).unsqueeze(-1)).sum(dim=1)
+
+
+def _all_to_all(self, t: torch.Tensor) -> torch.Tensor:
+    if self.ep == 1:
+        return t
+    return funcol.all_to_all_single_autograd(t, None, None, self.ep_group)

@@ -1,0 +1,123 @@
+"""Models given as Hugging Face configs (echo.config.hf, echo.training.hf): the shipped tiny
+workloads of each architecture trace end to end under TP2 + SP, EP2 and PP2; a transformers Llama
+and the built-in llama of the same shape trace the same FLOPs and collectives; bad input is
+refused before tracing with file, key and reason."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from echo.config import load_workload
+from echo.config.loader import parse_workload
+from echo.errors import ConfigError
+from echo.io import read_parquet
+from echo.trace.runner import check_traceable, run_trace
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["tiny-hf-llama", "tiny-hf-deepseek-v3", "tiny-hf-qwen3-moe", "tiny-hf-mixtral", "tiny-hf-gpt-oss"]
+LLAMA = {"num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "vocab_size": 1024}
+
+
+def _rank0(trace: Path, table: str):
+    t = read_parquet(trace / f"{table}.parquet")
+    return t.filter(pc.equal(t["rank"], 0)).to_pylist()
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in TINY[:2] else pytest.mark.slow) for n in TINY])
+def test_tiny_config_of_each_architecture_traces(name, tmp_path):
+    w = load_workload(name)
+    assert w.model.arch == "hf" and w.parallel.tp == 2 and w.parallel.pp == 2
+    run_trace(w, tmp_path)
+    ops = read_parquet(tmp_path / "ops.parquet")
+    comms = read_parquet(tmp_path / "comms.parquet").to_pylist()
+    assert set(ops.column("rank").to_pylist()) == {0, 4}  # one rank per pipeline stage (the roles)
+    kinds = Counter((c["op"], c["group_size"]) for c in comms if c["rank"] == 0)
+    assert kinds[("all_gather", 2)] and kinds[("reduce_scatter", 2)]  # sequence parallelism
+    # the fused attention kernel, not its unfused decomposition (MLA's v is padded to fit it)
+    names = set(ops.column("name").to_pylist())
+    assert any("flash_attention" in n for n in names) and "aten._safe_softmax.default" not in names
+    if w.model.experts:
+        a2a = [c for c in comms if c["op"] == "all_to_all"]
+        # dispatch and combine, forward and backward, on every MoE layer of the rank
+        assert a2a and len(a2a) % 4 == 0
+        assert {c["group_size"] for c in a2a} == {w.parallel.ep}
+
+
+def test_hf_llama_traces_like_the_builtin_llama(tmp_path):
+    """Same shape through both definitions: equal matmul FLOPs per phase and equal collectives
+    (counts and bytes) under TP2 x DP2 without sequence parallelism."""
+    (tmp_path / "llama.json").write_text(json.dumps({**json.loads((REPO / "config/models/llama-3.1-8b.json").read_text()), **LLAMA}))
+    models = {"hf": {"hf_config": str(tmp_path / "llama.json"), "seq_len": 256},
+              "builtin": {"arch": "llama", "layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn_hidden": 512,
+                          "vocab": 1024, "seq_len": 256}}
+    seen = {}
+    for name, model in models.items():
+        w = parse_workload({"model": model, "parallel": {"tp": 2, "dp": 2},
+                            "training": {"global_batch": 4, "micro_batch": 1}}, tmp_path / f"{name}.yaml")
+        run_trace(w, tmp_path / name)
+        flops = Counter()
+        for op in _rank0(tmp_path / name, "ops"):
+            flops[op["phase"]] += op["flops"]
+        comms = Counter()
+        for c in _rank0(tmp_path / name, "comms"):
+            comms[(c["op"], c["group_kind"], c["bytes"])] += 1
+        seen[name] = (flops, comms)
+    assert seen["hf"][0]["forward"] > 0
+    assert {k: v for k, v in seen["hf"][0].items() if v} == {k: v for k, v in seen["builtin"][0].items() if v}
+    assert seen["hf"][1] == seen["builtin"][1]
+
+
+def _workload(tmp_path: Path, config: dict, parallel: dict | None = None, **model):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(config))
+    return parse_workload({"model": {"hf_config": str(path), "seq_len": 128, **model}, "parallel": parallel or {},
+                           "training": {"global_batch": 4}}, tmp_path / "w.yaml")
+
+
+def _llama(**changes) -> dict:
+    return {**json.loads((REPO / "config/models/llama-3.1-8b.json").read_text()), **LLAMA, **changes}
+
+
+def test_unknown_architecture_is_refused_before_tracing(tmp_path):
+    w = _workload(tmp_path, _llama(model_type="not-a-model"))
+    with pytest.raises(ConfigError, match="model.json.*model_type.*cannot build"):
+        check_traceable(w)
+
+
+def test_config_missing_a_key_is_refused(tmp_path):
+    config = _llama()
+    del config["num_attention_heads"]
+    with pytest.raises(ConfigError, match="model.json.*num_attention_heads.*missing"):
+        _workload(tmp_path, config)
+
+
+def test_plan_that_does_not_divide_the_model_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="parallel.tp.*heads 8 is not divisible by tp 3"):
+        _workload(tmp_path, _llama(), {"tp": 3})
+    with pytest.raises(ConfigError, match="parallel.ep.*experts"):
+        _workload(tmp_path, _llama(), {"dp": 2, "ep": 2})
+
+
+def test_shape_keys_come_from_the_config_and_overrides_must_name_its_keys(tmp_path):
+    with pytest.raises(ConfigError, match="model.layers.*comes from hf_config"):
+        _workload(tmp_path, _llama(), layers=2)
+    with pytest.raises(ConfigError, match="hf_overrides.num_layers.*not a key"):
+        _workload(tmp_path, _llama(), hf_overrides={"num_layers": 2})
+    w = _workload(tmp_path, _llama(), hf_overrides={"num_hidden_layers": 2})
+    assert w.model.layers == 2 and w.model.hf_config["num_hidden_layers"] == 2
+    with pytest.raises(ConfigError, match="hf_config.*no such file"):
+        parse_workload({"model": {"hf_config": "config/models/none.json", "seq_len": 8}, "parallel": {},
+                        "training": {"global_batch": 1}}, tmp_path / "w.yaml")
+
+
+def test_shipped_configs_derive_their_shape(tmp_path):
+    w = load_workload("tiny-hf-deepseek-v3")
+    assert (w.model.experts, w.model.top_k, w.model.hidden) == (8, 2, 256)
+    full = json.loads((REPO / "config/models/deepseek-v3.json").read_text())
+    assert (full["n_routed_experts"], full["num_experts_per_tok"]) == (256, 8)
