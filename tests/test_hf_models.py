@@ -49,16 +49,18 @@ def test_tiny_config_of_each_architecture_traces(name, tmp_path):
         assert {c["group_size"] for c in a2a} == {w.parallel.ep}
 
 
-def test_hf_llama_traces_like_the_builtin_llama(tmp_path):
+@pytest.mark.parametrize("sp", [False, True])
+def test_hf_llama_traces_like_the_builtin_llama(tmp_path, sp):
     """Same shape through both definitions: equal matmul FLOPs per phase and equal collectives
-    (counts and bytes) under TP2 x DP2 without sequence parallelism."""
+    (counts and bytes) under TP2 x DP2, with sequence parallelism (where both gather the shard
+    again in backward, as Megatron-LM) and without."""
     (tmp_path / "llama.json").write_text(json.dumps({**json.loads((REPO / "config/models/llama-3.1-8b.json").read_text()), **LLAMA}))
     models = {"hf": {"hf_config": str(tmp_path / "llama.json"), "seq_len": 256},
               "builtin": {"arch": "llama", "layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn_hidden": 512,
                           "vocab": 1024, "seq_len": 256}}
     seen = {}
     for name, model in models.items():
-        w = parse_workload({"model": model, "parallel": {"tp": 2, "dp": 2},
+        w = parse_workload({"model": model, "parallel": {"tp": 2, "dp": 2, "sequence_parallel": sp},
                             "training": {"global_batch": 4, "micro_batch": 1}}, tmp_path / f"{name}.yaml")
         run_trace(w, tmp_path / name)
         flops = Counter()

@@ -27,6 +27,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from echo.training.hf_parallel import parallelize_hf_block
+
 
 def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     """Column-parallel input projections, row-parallel output projections of attention and MLP
@@ -42,103 +44,15 @@ def _block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     return plan
 
 
-# transformers' linear names -> style, where a model's own tp_plan does not cover them (DeepSeek's
-# has no attention entries): the up-projections of attention (MLA's q_b_proj / kv_b_proj after
-# its replicated low-rank down-projections) and of the MLP are column-parallel, their output
-# projections row-parallel, as Megatron-Core shards them
-_DERIVED = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "q_b_proj": "colwise",
-            "kv_b_proj": "colwise", "gate_proj": "colwise", "up_proj": "colwise",
-            "o_proj": "rowwise", "down_proj": "rowwise"}
-
-
-def hf_linear_styles(block: nn.Module, model_plan: dict[str, str]) -> dict[str, tuple[str, str]]:
-    """Linear of a transformers decoder layer -> (colwise | rowwise, "model" | "derived"): the
-    model's own ``base_model_tp_plan`` entries that name a linear of this layer, then the derived
-    style of every other known linear. Routed experts are not tensor-parallel (Megatron-Core's
-    expert tensor parallel size 1); other linears (routers, MLA's down-projections) stay replicated."""
-    linears = {n for n, m in block.named_modules() if isinstance(m, nn.Linear) and ".experts." not in f".{n}."}
-    out = {}
-    for key, style in model_plan.items():
-        name = key.removeprefix("layers.*.")
-        if name in linears and style in ("colwise", "rowwise"):
-            out[name] = (style, "model")
-    for name in sorted(linears - set(out)):
-        style = _DERIVED.get(name.rsplit(".", 1)[-1])
-        if style:
-            out[name] = (style, "derived")
-    return out
-
-
-def _hf_block_plan(block: nn.Module, model_plan: dict[str, str], sequence_parallel: bool) -> dict:
-    """A transformers decoder layer's plan: its column- and row-parallel linears, and with
-    sequence parallelism its two norms on the sequence shard (their weight gradients all-reduced)."""
-    out = {"output_layouts": Shard(1)} if sequence_parallel else {}
-    plan = {n: ColwiseParallel() if style == "colwise" else RowwiseParallel(**out)
-            for n, (style, _) in hf_linear_styles(block, model_plan).items()}
-    if sequence_parallel:
-        plan |= {"input_layernorm": SequenceParallel(use_local_output=True),
-                 "post_attention_layernorm": SequenceParallel(use_local_output=True)}
-    return plan
-
-
-class _EnterRegion(torch.autograd.Function):
-    """Megatron's entry into a tensor-parallel region, on plain tensors: with sequence parallelism
-    all-gather the sequence forward and reduce-scatter the summed input gradient backward;
-    without, identity forward and all-reduce backward. One collective per region each way,
-    however many column-parallel projections read the input (q, k, v; MLA's down-projections)."""
-
-    @staticmethod
-    def forward(ctx, x, group, sequence_parallel):
-        ctx.group, ctx.sp = group, sequence_parallel
-        return funcol.all_gather_tensor(x.contiguous(), 1, group) if sequence_parallel else x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.sp:
-            return funcol.reduce_scatter_tensor(grad.contiguous(), "sum", 1, ctx.group), None, None
-        return funcol.all_reduce(grad.contiguous(), "sum", ctx.group), None, None
-
-
-def _hf_regions(block: nn.Module, mesh: DeviceMesh, sequence_parallel: bool, colwise: list[str]) -> None:
-    """Enter a tensor-parallel region at the input of attention and of the dense MLP or shared
-    experts (an MoE layer's router and routed experts take the rank's own tokens), and let the
-    column-parallel linears compute on plain local tensors inside it."""
-    group = mesh.get_group()
-
-    def enter(module, args, kwargs):
-        if "hidden_states" in kwargs:
-            kwargs = {**kwargs, "hidden_states": _EnterRegion.apply(kwargs["hidden_states"], group, sequence_parallel)}
-        else:
-            args = (_EnterRegion.apply(args[0], group, sequence_parallel), *args[1:])
-        return args, kwargs
-
-    moe = any(".experts" in f".{n}" for n, _ in block.mlp.named_modules() if n)
-    regions = [block.self_attn] + ([block.mlp] if not moe else [getattr(block.mlp, "shared_experts", None)])
-    for region in filter(None, regions):
-        region.register_forward_pre_hook(enter, with_kwargs=True)
-    for name in colwise:
-        linear = block.get_submodule(name)
-        linear.forward = types.MethodType(lambda self, x, mesh=mesh: _local_linear(self, x, mesh), linear)
-
-
-def _local_linear(self, x: torch.Tensor, mesh: DeviceMesh) -> DTensor:
-    """A column-parallel linear on the plain input the region entry made whole (ColwiseParallel's
-    input hook wraps it as a replicated DTensor, whose gradient then needs no collective of its own)."""
-    local = x.to_local() if isinstance(x, DTensor) else x
-    bias = self.bias.to_local() if self.bias is not None else None
-    return DTensor.from_local(F.linear(local, self.weight.to_local(), bias), mesh, [Shard(-1)], run_check=False)
-
-
 def apply_tensor_parallel(chunk: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Shard ``chunk`` (a ModelChunk or an hf.HFChunk) in place over the 1-D tensor-parallel ``mesh``."""
     hf = getattr(chunk, "hf", False)
     for block in chunk.blocks:
-        plan = _hf_block_plan(block, chunk.hf_tp_plan, sequence_parallel) if hf else _block_plan(block, sequence_parallel)
-        parallelize_module(block, mesh, plan)
         if hf:
-            colwise = [n for n, (style, _) in hf_linear_styles(block, chunk.hf_tp_plan).items() if style == "colwise"]
-            _hf_regions(block, mesh, sequence_parallel, colwise)
-        elif sequence_parallel:
+            parallelize_hf_block(block, mesh, sequence_parallel, chunk.hf_tp_plan)
+            continue
+        parallelize_module(block, mesh, _block_plan(block, sequence_parallel))
+        if sequence_parallel:
             for part in (block.attn, block.mlp):
                 for name in part.COLWISE:
                     gather_in_linear(getattr(part, name), mesh, block.hook)

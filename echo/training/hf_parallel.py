@@ -1,0 +1,168 @@
+"""Megatron-style tensor and sequence parallelism for transformers' decoder layers.
+
+transformers keeps q, k and v (and gate and up) as separate linears that all read the layer's
+normed input; Megatron fuses them, so it enters a tensor-parallel region once per attention and
+once per MLP. Echo does the same around transformers' modules: a region entry at the input of
+attention and of the dense MLP or shared experts (an MoE layer's router and routed experts take
+the rank's own tokens) all-gathers the sequence shard (sequence parallelism; identity without)
+and, backward, reduce-scatters (all-reduces) the summed input gradient: one collective each way
+however many projections read the input. Inside, the linears compute on plain local tensors.
+
+With sequence parallelism, as Megatron-LM, the gathered input is not kept for backward: the
+linears that read it save the rank's shard and the first of them to run backward gathers it
+again (recorded as recompute), which the others reuse.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+# transformers' linear names -> style, where a model's own tp_plan does not cover them (DeepSeek's
+# has no attention entries): the up-projections of attention (MLA's q_b_proj / kv_b_proj after
+# its replicated low-rank down-projections) and of the MLP are column-parallel, their output
+# projections row-parallel, as Megatron-Core shards them
+_DERIVED = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise", "q_b_proj": "colwise",
+            "kv_b_proj": "colwise", "gate_proj": "colwise", "up_proj": "colwise",
+            "o_proj": "rowwise", "down_proj": "rowwise"}
+
+
+def linear_styles(block: nn.Module, model_plan: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Linear of a decoder layer -> (colwise | rowwise, "model" | "derived"): the model's own
+    ``base_model_tp_plan`` entries that name a linear of this layer, then the derived style of
+    every other known linear. Routed experts are not tensor-parallel (Megatron-Core's expert
+    tensor parallel size 1); other linears (routers, MLA's down-projections) stay replicated."""
+    linears = {n for n, m in block.named_modules() if isinstance(m, nn.Linear) and ".experts." not in f".{n}."}
+    out = {}
+    for key, style in model_plan.items():
+        name = key.removeprefix("layers.*.")
+        if name in linears and style in ("colwise", "rowwise"):
+            out[name] = (style, "model")
+    for name in sorted(linears - set(out)):
+        style = _DERIVED.get(name.rsplit(".", 1)[-1])
+        if style:
+            out[name] = (style, "derived")
+    return out
+
+
+class _Region:
+    """One entry into a tensor-parallel region during one forward: the shard it gathered, and
+    the gathered input backward re-creates once for every linear that read it."""
+
+    def __init__(self, shard: torch.Tensor, gathered: torch.Tensor, group, hook):
+        self.shard, self.group, self.hook = shard, group, hook
+        self.storage = gathered.untyped_storage()._cdata
+        self.readers, self.again = 0, None
+
+    def reads(self, x: torch.Tensor) -> bool:
+        return x.untyped_storage()._cdata == self.storage
+
+    def regather(self) -> torch.Tensor:
+        if self.again is None:
+            with self.hook():
+                self.again = funcol.all_gather_tensor(self.shard, 1, self.group)
+        out = self.again
+        self.readers -= 1
+        if not self.readers:
+            self.again = None  # the last reader is done with it
+        return out
+
+
+class _Enter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, sequence_parallel):
+        ctx.group, ctx.sp = group, sequence_parallel
+        return funcol.all_gather_tensor(x.contiguous(), 1, group) if sequence_parallel else x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.sp:
+            return funcol.reduce_scatter_tensor(grad.contiguous(), "sum", 1, ctx.group), None, None
+        return funcol.all_reduce(grad.contiguous(), "sum", ctx.group), None, None
+
+
+class _RegatherLinear(torch.autograd.Function):
+    """y = x @ W^T (+ b) where x is a region's gathered input, saving only the region's shard."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, region):
+        region.readers += 1
+        ctx.save_for_backward(region.shard, weight)
+        ctx.region, ctx.has_bias = region, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _, weight = ctx.saved_tensors
+        x = ctx.region.regather()
+        grad_x = grad.matmul(weight)
+        grad_w = grad.flatten(0, -2).t().matmul(x.flatten(0, -2))
+        grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None
+
+
+def _linear(self: nn.Linear, x: torch.Tensor, mesh: DeviceMesh, colwise: bool) -> torch.Tensor:
+    """A column-parallel or replicated linear inside a region, on plain local tensors
+    (ColwiseParallel's input hook wraps x as a replicated DTensor; its gradient needs no
+    collective of its own, the region's exit has it)."""
+    local = x.to_local() if isinstance(x, DTensor) else x
+    weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+    bias = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
+    region = getattr(self, "echo_region", None)
+    if region is not None and region.reads(local):
+        y = _RegatherLinear.apply(local, weight, bias, region)
+    else:
+        y = F.linear(local, weight, bias)
+    return DTensor.from_local(y, mesh, [Shard(-1)], run_check=False) if colwise else y
+
+
+def parallelize_hf_block(block: nn.Module, mesh: DeviceMesh, sequence_parallel: bool, model_plan: dict[str, str]) -> None:
+    """Shard one transformers decoder layer in place over the 1-D tensor-parallel ``mesh``."""
+    styles = linear_styles(block, model_plan)
+    out = {"output_layouts": Shard(1)} if sequence_parallel else {}
+    plan = {n: ColwiseParallel() if style == "colwise" else RowwiseParallel(**out) for n, (style, _) in styles.items()}
+    if sequence_parallel:  # the norms run on the shard; their weight gradients are all-reduced
+        plan |= {"input_layernorm": SequenceParallel(use_local_output=True),
+                 "post_attention_layernorm": SequenceParallel(use_local_output=True)}
+    parallelize_module(block, mesh, plan)
+    group, hook = mesh.get_group(), getattr(block, "hook", None)
+    moe = any(".experts" in f".{n}" for n, _ in block.mlp.named_modules() if n)
+    regions = [block.self_attn] + ([block.mlp] if not moe else [getattr(block.mlp, "shared_experts", None)])
+    for module in filter(None, regions):
+        readers = [m for n, m in module.named_modules() if isinstance(m, nn.Linear)
+                   and styles.get(_name_in(block, m), ("replicated",))[0] != "rowwise" and ".experts." not in f".{n}."]
+        module.register_forward_pre_hook(_entry(group, sequence_parallel, hook, readers), with_kwargs=True)
+        for m in readers:
+            colwise = styles.get(_name_in(block, m), ("",))[0] == "colwise"
+            m.forward = types.MethodType(lambda self, x, c=colwise: _linear(self, x, mesh, c), m)
+
+
+def _name_in(block: nn.Module, module: nn.Module) -> str:
+    return next(n for n, m in block.named_modules() if m is module)
+
+
+def _entry(group, sequence_parallel: bool, hook, readers: list[nn.Module]):
+    """The forward pre-hook entering a region (hidden_states as transformers passes it: by
+    keyword to attention, positionally to an MLP)."""
+    def enter(module, args, kwargs):
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        y = _Enter.apply(x, group, sequence_parallel)
+        region = _Region(x.contiguous(), y, group, hook) if sequence_parallel and hook is not None else None
+        for m in readers:
+            m.echo_region = region
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": y}
+        return (y, *args[1:]), kwargs
+    return enter
