@@ -75,7 +75,9 @@ class Context:
     chunk: int = 0
     blocking: bool = True       # whether collectives issued now are waited on at once
     stream: str = "compute"     # stream for collectives issued now (compute-stream ops stay on compute)
-    group_kinds: dict[tuple[int, ...], str] = field(default_factory=dict)
+    # process group name -> its kind (tp, dp, ep, ...): by name, since two kinds can hold the same
+    # ranks (EP = DP) and must still be told apart; ranks -> kind for groups made elsewhere
+    group_kinds: dict[str | tuple[int, ...], str] = field(default_factory=dict)
 
 
 def _unbox(pg) -> dist.ProcessGroup:
@@ -151,14 +153,14 @@ class Recorder(FakeTensorMode):
             self._alias(out, args[0])
         elif ns == "_c10d_functional" and name in _FUNCTIONAL:
             op, gi = _FUNCTIONAL[name]
-            ranks = dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(args[gi]))
-            self._add_comm(func, args, kwargs, out, op, ranks, peer=-1)
+            pg = dist.distributed_c10d._resolve_process_group(args[gi])
+            self._add_comm(func, args, kwargs, out, op, dist.get_process_group_ranks(pg), peer=-1, group=pg)
         elif ns == "c10d" and name in _LEGACY_P2P:
             self._add_p2p(func, args, kwargs, out, _LEGACY_P2P[name])
         elif ns == "c10d" and name in _LEGACY:
             op, buf, gi = _LEGACY[name]
-            ranks = dist.get_process_group_ranks(_unbox(args[gi]))
-            self._add_comm(func, args, kwargs, out, op, ranks, peer=-1, buffer=args[buf])
+            pg = _unbox(args[gi])
+            self._add_comm(func, args, kwargs, out, op, dist.get_process_group_ranks(pg), peer=-1, buffer=args[buf], group=pg)
         elif opinfo.is_free(func):
             self._alias(out, args[0] if args else None)
         else:
@@ -192,12 +194,15 @@ class Recorder(FakeTensorMode):
             self._producer[id(t)] = (weakref.ref(t), seq)
         return seq
 
-    def _add_comm(self, func, args, kwargs, out, op: str, ranks: list[int], peer: int, buffer=None) -> None:
+    def _add_comm(self, func, args, kwargs, out, op: str, ranks: list[int], peer: int, buffer=None,
+                  group: dist.ProcessGroup | None = None) -> None:
         """``buffer``: the tensor(s) whose size nccl-tests counts (default: the first argument,
         times the group size for a functional all-gather, which passes its input)."""
         comm_id = len(self.comms["comm_id"])
         kind = "p2p" if op in ("send", "recv") else "collective"
-        group_kind = self.ctx.group_kinds.get(tuple(ranks), "world" if len(ranks) > 2 else "pp")
+        kinds = self.ctx.group_kinds
+        group_kind = kinds.get(group.group_name) if group is not None else None
+        group_kind = group_kind or kinds.get(tuple(ranks), "world" if len(ranks) > 2 else "pp")
         # data-parallel traffic (ZeRO/FSDP gathers, gradient reduction) runs on its own stream,
         # overlapped with compute; the rest (TP, CP) sits on the critical path unless told otherwise
         overlapped = group_kind in ("dp", "edp", "dpcp")

@@ -60,6 +60,8 @@ def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     for dim in ("tp", "cp", "dp", "pp", "ep", "edp", "dpcp"):
         ranks = layout.expert_group(rank, dim) if dim in ("ep", "edp") else layout.group(rank, dim)
         groups[dim] = dist.new_group(ranks) if len(ranks) > 1 else None
+        if groups[dim] is not None:
+            rec.ctx.group_kinds[groups[dim].group_name] = dim
         rec.ctx.group_kinds.setdefault(tuple(ranks), dim)
     return groups
 
