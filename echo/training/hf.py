@@ -41,9 +41,28 @@ def _echo_attention(module, query, key, value, attention_mask, scaling=None, dro
         # v is padded and the output cut, as transformers' own flash-attention path does for MLA
         value = F.pad(value, [0, query.shape[-1] - d_v])
     selective, hook = getattr(module, "echo_selective", False), getattr(module, "echo_hook", nullcontext)
-    out = attention_core(query, key, value, selective, hook, getattr(module, "cp_group", None), "flash",
-                         dropout if module.training else 0.0)
+    cp_group, p = getattr(module, "cp_group", None), dropout if module.training else 0.0
+    window = kwargs.get("sliding_window")
+    if window and cp_group is None and query.shape[2] % window == 0 and query.shape[2] > 2 * window:
+        out = _sliding(query, key, value, window, selective, hook, p)
+    else:
+        out = attention_core(query, key, value, selective, hook, cp_group, "flash", p)
     return out[..., :d_v].transpose(1, 2).contiguous(), None
+
+
+def _sliding(q, k, v, window: int, selective: bool, hook, p: float):
+    """Sliding-window attention (gpt-oss's sliding layers, Mistral's) as the fused kernel runs it:
+    each block of ``window`` queries attends to its own block and the one before, 2 x window keys,
+    so the work per query is ~window keys, not half the sequence. The kernel's causal flag stands
+    for the window's band; the trace costs kernels, and the band's alignment does not change that."""
+    b, h, s, d = q.shape
+    n = s // window
+    blocks = lambda t: t.reshape(b, h, n, window, t.shape[-1])  # noqa: E731
+    # the previous block next to each block; blocks fold into the head dimension, as the fused
+    # kernel takes 4-D inputs
+    pairs = lambda t: torch.cat((F.pad(t, [0, 0, 0, 0, 1, 0])[:, :, :-1], t), dim=3).flatten(1, 2)  # noqa: E731
+    out = attention_core(blocks(q).flatten(1, 2), pairs(blocks(k)), pairs(blocks(v)), selective, hook, None, "flash", p)
+    return out.reshape(b, h, s, -1)
 
 
 def _register_attention() -> None:

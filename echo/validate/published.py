@@ -1,11 +1,13 @@
 """Published cluster measurements as Echo workloads, and the predictions next to them.
 
-Two tables of the reference folder (``echo.reference``; its README gives the sources):
+Three tables of the reference folder (``echo.reference``; its README gives the sources):
 
 - ``megatron_sc21_table1_a100.csv``: Narayanan et al., SC21, Table 1. GPT 1.7B-1T on DGX A100
   80GB with HDR InfiniBand (``a100-sxm-80gb`` / ``dgx-a100-hdr``).
 - ``megatron_core_h100.csv``: the Megatron-LM README's Megatron-Core r0.8.0 table. GPT 1.7B-462B
   on H100 (``h100-sxm-80gb`` / ``dgx-h100-ndr``).
+- ``megatron_bridge_perf_all.csv``: the Megatron-Bridge performance summary; its BF16 pre-training
+  rows on DGX-H100 of models with a shipped config.json (``BRIDGE_MODELS``). None is a fit row.
 
 Each row becomes ``config/workloads/{name}.yaml`` (``write_workloads``; the files are committed and
 a test checks they match this module). What a row states is copied; what it leaves unstated
@@ -48,7 +50,12 @@ SC21 = Source("sc21", "megatron_sc21_table1_a100.csv", "a100-sxm-80gb", "dgx-a10
               "Megatron-LM, SC21, Table 1")
 MCORE = Source("mcore-h100", "megatron_core_h100.csv", "h100-sxm-80gb", "dgx-h100-ndr",
                "NVIDIA Megatron-LM README, performance section (Megatron-Core r0.8.0)")
-SOURCES = (SC21, MCORE)
+BRIDGE = Source("mbridge-h100", "megatron_bridge_perf_all.csv", "h100-sxm-80gb", "dgx-h100-ndr",
+                "NVIDIA-NeMo Megatron-Bridge performance summary (docs/performance-summary*.md)")
+SOURCES = (SC21, MCORE, BRIDGE)
+# Megatron-Bridge models Echo ships a config.json for (config/models/), by the table's name. Only
+# BF16 pre-training rows on DGX-H100 are taken: the compute model has no FP8 kernels yet.
+BRIDGE_MODELS = {"GPT OSS 120B": "gpt-oss-120b"}
 
 # What each source states about its runs beyond the table's columns, and the defaults chosen for
 # what it does not state (written into every generated file).
@@ -79,6 +86,17 @@ ROW_DEFAULTS = {
                   "the stated overlaps as overlap_grad_reduce, overlap_param_gather and (where tp > 1, as "
                   "there is no TP communication otherwise) tp_comm_overlap",
     },
+    "mbridge-h100": {
+        "stated": "the model (its published config.json), BF16, GBS, MBS, sequence length, TP, PP, CP, VP, "
+                  "EP and the GPU count (DP = GPUs / (TP x PP x CP)); the measured step time is the table's "
+                  "step_time_s_derived, GBS x seq / (tokens/s/GPU x GPUs)",
+        "chosen": "from the Megatron-Bridge recipe of the model (recipes/gpt_oss/gpt_oss.py "
+                  "gpt_oss_120b_pretrain_config), the row being silent: the distributed optimizer (zero 1) "
+                  "with overlap_grad_reduce and overlap_param_gather, no activation recompute, sequence "
+                  "parallelism when tp > 1, no TP-comm or expert-parallel communication overlap; 1F1B when VP "
+                  "is n/a or 1; dropout 0 (the config's attention_dropout). Rows whose GA contradicts "
+                  "GBS / (MBS x DP) are left out",
+    },
 }
 
 
@@ -87,15 +105,16 @@ class Row:
     """One published measurement, mapped onto an Echo workload."""
 
     source: Source
-    label: str                # the row's model size as printed, e.g. "145.6B"
+    label: str                # the row's model size as printed, e.g. "145.6B" (Megatron-Bridge: the container)
     workload: dict            # the YAML content of the generated workload file
     gpus: int
     tflops_per_gpu: float
     measured_step_s: float
+    model_tag: str = "gpt"    # the model in the workload name
 
     @property
     def name(self) -> str:
-        return f"{self.source.key}-gpt-{self.label.lower()}"
+        return f"{self.source.key}-{self.model_tag}-{self.label.lower()}"
 
     @property
     def hardware(self) -> str:
@@ -128,7 +147,7 @@ def megatron_flops(b: int, s: int, layers: int, h: int, vocab: int) -> float:
 
 def _read(path: Path) -> list[dict]:
     with path.open() as f:
-        return list(csv.DictReader(f))
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
 
 
 def _parallel(tp: int, pp: int, dp: int, layers: int, layout: dict, overlaps: dict) -> dict:
@@ -160,9 +179,38 @@ _ROW_SPEC = {
 }
 
 
+def bridge_rows(reference_dir: Path | None = None) -> list[Row]:
+    """The Megatron-Bridge rows Echo can express (``BRIDGE_MODELS``, BF16 pre-training on DGX-H100)."""
+    out = []
+    for r in _read(reference_file(BRIDGE.file, reference_dir)):
+        tag = BRIDGE_MODELS.get(r["Model"])
+        if tag is None or r["System"] != "DGX-H100" or r["Precision"] != "BF16" or r["section"] != "Pre-Training Performance":
+            continue
+        gpus, tp, pp, cp = int(r["#-GPUs"]), int(r["TP"]), int(r["PP"]), int(r["CP"])
+        ep = int(r["EP"]) if r["EP"] not in ("", "n/a") else 1
+        vp = int(r["VP"]) if r["VP"] not in ("", "n/a") else 1
+        gbs, mbs, seq = int(r["GBS"]), int(r["MBS"]), int(r["Sequence Length"])
+        dp = gpus // (tp * pp * cp)
+        if r["GA"] not in ("", "n/a") and int(r["GA"]) != gbs // (mbs * dp):
+            continue  # the row's own figures disagree (ROW_DEFAULTS)
+        par = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": 1, "sequence_parallel": tp > 1,
+               "schedule": "interleaved" if vp > 1 else "1f1b", **({"virtual_stages": vp} if vp > 1 else {}),
+               "overlap_grad_reduce": True, "overlap_param_gather": True}
+        w = {"description": f"{r['Model']} of {BRIDGE.citation}, container {r['container']} ({r['file']} line "
+                            f"{r['line']}); generated by echo.validate.published from {BRIDGE.file} (echo.reference)",
+             "model": {"hf_config": f"config/models/{tag}.json", "seq_len": seq},
+             "parallel": par,
+             "training": {"global_batch": gbs, "micro_batch": mbs, "dtype": "bf16", "recompute": "none"}}
+        tflops = float(r["Model TFLOP / sec / GPU"].split()[0])
+        out.append(Row(BRIDGE, r["container"], w, gpus, tflops, float(r["step_time_s_derived"]), model_tag=tag))
+    return out
+
+
 def source_rows(src: Source, reference_dir: Path | None = None) -> list[Row]:
     """The rows of one published table as workloads (``_ROW_SPEC`` and ``ROW_DEFAULTS``);
     ``reference_dir``: the reference folder, as for ``echo.reference.reference_root``."""
+    if src is BRIDGE:
+        return bridge_rows(reference_dir)
     spec = _ROW_SPEC[src.key]
     out = []
     for r in _read(reference_file(src.file, reference_dir)):
@@ -184,7 +232,7 @@ def published_rows(reference_dir: Path | None = None) -> list[Row]:
     return [row for src in SOURCES for row in source_rows(src, reference_dir)]
 
 
-def _description(src: Source, label: str) -> str:
+def _description(src: Source, label: str) -> str:  # SC21 and Megatron-Core rows
     return f"{label} GPT of {src.citation}; generated by echo.validate.published from {src.file} (echo.reference)"
 
 
@@ -232,7 +280,7 @@ def write_workloads(config_dir: Path, reference_dir: Path | None = None) -> list
 # --- predictions next to measurements --------------------------------------------------------
 
 PUBLISHED = pa.schema([
-    ("table", pa.string()),                    # sc21 | mcore-h100
+    ("table", pa.string()),                    # sc21 | mcore-h100 | mbridge-h100
     ("row", pa.string()),                      # the row's model size as printed
     ("workload", pa.string()),
     ("hardware", pa.string()),
