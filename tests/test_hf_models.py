@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
+import yaml
 
 from echo.config import load_workload
 from echo.config.loader import parse_workload
@@ -123,3 +124,29 @@ def test_shipped_configs_derive_their_shape(tmp_path):
     assert (w.model.experts, w.model.top_k, w.model.hidden) == (8, 2, 256)
     full = json.loads((REPO / "config/models/deepseek-v3.json").read_text())
     assert (full["n_routed_experts"], full["num_experts_per_tok"]) == (256, 8)
+
+
+def test_a_users_module_traces_with_tp_and_pp(tmp_path):
+    w = load_workload("example-module")
+    assert w.model.arch == "module" and len(w.model.module_digest) == 64
+    run_trace(w, tmp_path)
+    comms = Counter((c["op"], c["group_kind"]) for c in read_parquet(tmp_path / "comms.parquet").to_pylist())
+    # TP2: an all-reduce after attention and after the MLP, forward and backward, per layer and rank
+    assert comms[("all_reduce", "tp")] >= 2 * 2 * 2 and comms[("send", "pp")] and comms[("reduce_scatter", "dp")]
+
+
+def test_a_users_module_is_checked_before_tracing(tmp_path):
+    base = yaml.safe_load((REPO / "config/workloads/example-module.yaml").read_text())
+
+    def workload(model=None, parallel=None):
+        data = {**base, "model": {**base["model"], **(model or {})}, "parallel": {**base["parallel"], **(parallel or {})}}
+        return parse_workload(data, tmp_path / "w.yaml")
+
+    with pytest.raises(ConfigError, match="model.module.*no such file"):
+        workload({"module": "examples/none.py:build"})
+    with pytest.raises(ConfigError, match="tiny_model.py.*nope.*no such function"):
+        check_traceable(workload({"module": "examples/tiny_model.py:nope"}))
+    with pytest.raises(ConfigError, match="model.layers.*is 8, the module has 4"):
+        check_traceable(workload({"layers": 8}))
+    with pytest.raises(ConfigError, match="sequence_parallel.*user's module"):
+        check_traceable(workload(parallel={"sequence_parallel": True}))

@@ -1,5 +1,6 @@
 """A model given as a Hugging Face ``config.json``: read it, apply overrides, and derive the shape
-fields every stage reads (layers, widths, heads, experts) from the architecture's own keys.
+fields every stage reads (layers, widths, heads, experts) from the architecture's own keys. Also a
+user's own module (``module: file.py:function``): its file is checked and fingerprinted.
 
 Only JSON is read here; transformers builds the modules at trace time (echo.training.hf). The
 whole resolved config is kept in the workload, so that editing the JSON file re-traces.
@@ -7,6 +8,7 @@ whole resolved config is kept in the workload, so that editing the JSON file re-
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -64,9 +66,32 @@ def shape_fields(hf: dict) -> dict:
     return out
 
 
+def module_file(spec: str) -> tuple[Path, str]:
+    """'path/to/file.py:function' -> (the file, relative paths from the repository root; function)."""
+    path, _, function = spec.rpartition(":")
+    file = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+    return file, function
+
+
+def expand_module(model: dict, workload_path: Path) -> dict:
+    """A ``module:`` model with its file checked and its digest recorded (an edit re-traces)."""
+    spec = model["module"]
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigError(workload_path, "model.module", "expected 'path/to/file.py:function'")
+    file, function = module_file(spec)
+    if not file.is_file():
+        raise ConfigError(workload_path, "model.module", f"no such file: {file}")
+    if not function.isidentifier():
+        raise ConfigError(workload_path, "model.module", f"'{function}' is not a function name")
+    return {**model, "arch": "module", "module_digest": hashlib.sha256(file.read_bytes()).hexdigest()}
+
+
 def expand_model_section(model: dict, workload_path: Path) -> dict:
     """A workload's ``model:`` mapping with ``hf_config`` (a path) resolved into the config's
-    content and the shape fields filled from it; a mapping without hf_config is returned as is."""
+    content and the shape fields filled from it, or a ``module:`` model checked; any other
+    mapping is returned as is."""
+    if "module" in model and "module_digest" not in model:
+        return expand_module(model, workload_path)
     if "hf_config" not in model or isinstance(model["hf_config"], dict):
         return model
     clash = [k for k in DERIVED if k in model]

@@ -13,9 +13,10 @@ class ModelConfig(BaseModel):
     """The transformer's shape."""
 
     model_config = _STRICT
-    arch: Literal["gpt", "llama", "hf"] = Field(
+    arch: Literal["gpt", "llama", "hf", "module"] = Field(
         description="gpt: learned positions, GELU, LayerNorm; llama: RoPE, SwiGLU, RMSNorm, GQA; hf: the "
-        "architecture of hf_config, built by transformers (set by the loader when hf_config is given)")
+        "architecture of hf_config, built by transformers; module: a user's nn.Module (hf and module are set "
+        "by the loader when hf_config or module is given)")
     layers: PositiveInt = Field(description="transformer layers")
     hidden: PositiveInt = Field(description="model width h")
     heads: PositiveInt = Field(description="attention heads")
@@ -35,6 +36,12 @@ class ModelConfig(BaseModel):
         "then derived from it (echo.config.hf)")
     hf_source: str | None = Field(None, description="the path hf_config was read from (set by the loader)")
     hf_overrides: dict = Field(default_factory=dict, description="config.json keys to change, e.g. num_hidden_layers")
+    module: str | None = Field(
+        None, description="a user's model: 'path/to/file.py:function' (path relative to the repository root) "
+        "returning an nn.Module with tok_emb, blocks, ln_f, head and optionally tp_plan (examples/tiny_model.py); "
+        "the shape fields above must describe it")
+    module_args: dict = Field(default_factory=dict, description="keyword arguments of the module's function")
+    module_digest: str | None = Field(None, description="sha256 of the module's file (set by the loader: an edit re-traces)")
 
     @property
     def kv(self) -> int:
@@ -58,6 +65,8 @@ class ModelConfig(BaseModel):
     def _hf_is_whole(self) -> ModelConfig:
         if (self.arch == "hf") != (self.hf_config is not None):
             raise ValueError("arch 'hf' goes with hf_config (the loader sets both from the config.json path)")
+        if (self.arch == "module") != (self.module is not None):
+            raise ValueError("arch 'module' goes with module (the loader sets it from the module path)")
         return self
 
 

@@ -40,6 +40,10 @@ def check_traceable(w: Workload) -> None:
         from echo.training.hf import check_buildable
 
         check_buildable(w)
+    if w.model.arch == "module":
+        from echo.training.custom import check_buildable as check_module
+
+        check_module(w)
 
 
 def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None = None) -> dict[str, pa.Table]:

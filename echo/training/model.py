@@ -136,6 +136,10 @@ def build_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -
         from echo.training.hf import build_hf_chunks  # transformers is imported only for such models
 
         return build_hf_chunks(w, pp_rank, hook)
+    if w.model.arch == "module":
+        from echo.training.custom import build_module_chunks
+
+        return build_module_chunks(w, pp_rank, hook)
     p = w.parallel
     layers = p.layers_of(w.model.layers)
     return [ModelChunk(w.model, layers[c * p.pp + pp_rank], first=pp_rank == 0 and c == 0,

@@ -51,6 +51,10 @@ def apply_tensor_parallel(chunk: nn.Module, mesh: DeviceMesh, sequence_parallel:
         if hf:
             parallelize_hf_block(block, mesh, sequence_parallel, chunk.hf_tp_plan)
             continue
+        if getattr(chunk, "custom", False):  # a user's module: its own plan (custom.py)
+            parallelize_module(block, mesh, {n: ColwiseParallel() if s == "colwise" else RowwiseParallel()
+                                             for n, s in chunk.tp_plan.items()})
+            continue
         parallelize_module(block, mesh, _block_plan(block, sequence_parallel))
         if sequence_parallel:
             for part in (block.attn, block.mlp):
