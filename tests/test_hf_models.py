@@ -150,3 +150,56 @@ def test_a_users_module_is_checked_before_tracing(tmp_path):
         check_traceable(workload({"layers": 8}))
     with pytest.raises(ConfigError, match="sequence_parallel.*user's module"):
         check_traceable(workload(parallel={"sequence_parallel": True}))
+
+
+def _deepseek_forward_flops(hf: dict, s: int, tp: int, layers: range, first: bool, last: bool) -> float:
+    """Matmul FLOPs of one rank's forward of one sequence, counted from the architecture: MLA's
+    low-rank projections (down-projections replicated, up-projections and the output
+    column/row-parallel), attention over the whole sequence (Echo's count: 4 b h s_q s_k d, MLA's
+    v padded to the q/k head size), the dense MLP, and the MoE layer's router and routed experts on
+    the rank's sequence shard (k rows per token after dispatch) and shared experts on the whole
+    sequence (tensor-parallel)."""
+    h, heads = hf["hidden_size"], hf["num_attention_heads"] // tp
+    qk, v, rope = hf["qk_nope_head_dim"] + hf["qk_rope_head_dim"], hf["v_head_dim"], hf["qk_rope_head_dim"]
+    t, t_local = s, s // tp
+    mla = 2 * t * (h * hf["q_lora_rank"] + hf["q_lora_rank"] * heads * qk + h * (hf["kv_lora_rank"] + rope)
+                   + hf["kv_lora_rank"] * heads * (hf["qk_nope_head_dim"] + v) + heads * v * h)
+    mla += 4 * heads * s * s * qk
+    f, k = hf["moe_intermediate_size"], hf["num_experts_per_tok"]
+    moe = 2 * t_local * h * hf["n_routed_experts"] + 6 * t_local * k * h * f + 6 * t * h * f * hf["n_shared_experts"] // tp
+    dense = 6 * t * h * hf["intermediate_size"] // tp
+    total = sum(mla + (dense if i < hf["first_k_dense_replace"] else moe) for i in layers)
+    return total + (2 * t * h * hf["vocab_size"] // tp if last else 0)
+
+
+def test_deepseek_traced_flops_equal_the_architectures_count(tmp_path):
+    """MLA and MoE under TP2 + SP, EP2 and PP2: every rank's traced forward FLOPs are the analytic
+    count within 1%, and its backward twice that (no recompute)."""
+    w = load_workload("tiny-hf-deepseek-v3")
+    run_trace(w, tmp_path)
+    ops = read_parquet(tmp_path / "ops.parquet").to_pylist()
+    for rank, pp_rank in ((0, 0), (4, 1)):
+        layers = range(2 * pp_rank, 2 * pp_rank + 2)  # 4 layers over pp 2
+        want = _deepseek_forward_flops(w.model.hf_config, w.model.seq_len, w.parallel.tp, layers,
+                                       first=pp_rank == 0, last=pp_rank == 1)
+        forward = sum(o["flops"] for o in ops if o["rank"] == rank and o["phase"] == "forward")
+        backward = sum(o["flops"] for o in ops if o["rank"] == rank and o["phase"] == "backward")
+        assert forward == pytest.approx(want, rel=0.01), rank
+        assert backward == pytest.approx(2 * forward, rel=0.01), rank
+
+
+def test_llama_traced_flops_under_context_parallelism(tmp_path):
+    """CP2 x TP2: each rank projects its half of the sequence and attends to the whole of it
+    (all-gathered keys and values); its forward FLOPs are that count within 1%."""
+    (tmp_path / "llama.json").write_text(json.dumps(_llama()))
+    w = parse_workload({"model": {"hf_config": str(tmp_path / "llama.json"), "seq_len": 256},
+                        "parallel": {"tp": 2, "cp": 2}, "training": {"global_batch": 1}}, tmp_path / "w.yaml")
+    run_trace(w, tmp_path / "trace")
+    h, heads, kv, d = 256, 8 // 2, 4 // 2, 32
+    t, s = 256 // 2, 256
+    layer = 2 * t * h * (heads * d + 2 * kv * d) + 2 * t * heads * d * h + 6 * t * h * 512 // 2 + 4 * heads * t * s * d
+    want = 4 * layer + 2 * t * h * 1024 // 2
+    ops = _rank0(tmp_path / "trace", "ops")
+    assert sum(o["flops"] for o in ops if o["phase"] == "forward") == pytest.approx(want, rel=0.01)
+    gathers = [c for c in _rank0(tmp_path / "trace", "comms") if c["group_kind"] == "cp"]
+    assert len(gathers) >= 2 * 4  # keys and values of every layer
