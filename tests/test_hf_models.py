@@ -203,3 +203,15 @@ def test_llama_traced_flops_under_context_parallelism(tmp_path):
     assert sum(o["flops"] for o in ops if o["phase"] == "forward") == pytest.approx(want, rel=0.01)
     gathers = [c for c in _rank0(tmp_path / "trace", "comms") if c["group_kind"] == "cp"]
     assert len(gathers) >= 2 * 4  # keys and values of every layer
+
+
+def test_expert_parallelism_wider_than_data_parallelism(tmp_path):
+    """EP4 over TP2 x DP2 (ep > dp, as DeepSeek-V3's published layouts): the all-to-alls span the
+    four ranks of the stage, each holds a quarter of the experts, none shares its experts."""
+    d = yaml.safe_load((REPO / "config/workloads/tiny-hf-deepseek-v3.yaml").read_text())
+    d["parallel"] |= {"pp": 1, "ep": 4}
+    w = parse_workload(d, tmp_path / "w.yaml")
+    run_trace(w, tmp_path / "trace")
+    comms = _rank0(tmp_path / "trace", "comms")
+    assert {c["group_size"] for c in comms if c["op"] == "all_to_all"} == {4}
+    assert not [c for c in comms if c["group_kind"] == "edp"]  # tp x dp / ep = 1: nothing to reduce

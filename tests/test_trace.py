@@ -51,6 +51,17 @@ def test_layout_round_trip_and_groups():
     assert lay.stage_peer(1, 1) == 5 and lay.stage_peer(5, 1) is None
 
 
+def test_expert_parallelism_folds_over_tp_cp_dp():
+    """Megatron-Core's layout: ep consecutive ranks of a stage share out the experts, and ep may
+    exceed dp (DeepSeek-V3's TP2 x DP32 with EP64 has one expert group per stage)."""
+    from echo.config.workload import ParallelConfig
+
+    lay = Layout(ParallelConfig(tp=2, pp=2, dp=4, ep=2))
+    assert lay.expert_group(9, "ep") == [8, 9] and lay.expert_group(9, "edp") == [9, 11, 13, 15]
+    wide = Layout(ParallelConfig(tp=2, pp=2, dp=32, ep=64))
+    assert wide.expert_group(70, "ep") == list(range(64, 128)) and wide.expert_group(70, "edp") == [70]
+
+
 def test_per_rank_flops_equal_the_analytic_count(tp_pp_dp):
     _, tables = tp_pp_dp
     for rank in (0, 4):  # stage 0 holds the embedding, stage 1 the LM head; both half the layers
@@ -245,14 +256,17 @@ def test_moe_dispatch_combine_and_expert_gradients(tmp_path):
     tokens = B * S // 2  # the rank's sequence-parallel shard
     routed = tokens * top_k * H * 2  # bf16 copies of tokens, one per chosen expert
     a2a = [(r["phase"], r["bytes"], r["group_size"]) for r in comms if r["op"] == "all_to_all"]
-    # dispatch + combine per layer, mirrored in backward, over the expert-parallel group of 2
+    # dispatch + combine per layer, mirrored in backward, over the expert-parallel group of 2:
+    # folded over tp x dp as Megatron-Core does, it is the rank and its TP peer (distinct shards)
     assert a2a.count(("forward", routed, 2)) == 2 * L and a2a.count(("backward", routed, 2)) == 2 * L
+    ep_group = {tuple(r["group"]) for r in comms if r["op"] == "all_to_all"}
+    assert ep_group == {tuple(next(r["group"] for r in comms if r["group_kind"] == "tp"))}
     # balanced routing: the local experts' grouped GEMMs run tokens*top_k rows through 3 projections
     bmm = ops.filter(pc.equal(ops["name"], "aten.bmm.default"))
     assert pc.sum(bmm["flops"]).as_py() == 3 * L * 3 * 2 * tokens * top_k * H * ffn
-    # expert gradients reduce over the ranks holding the same experts (dp / ep = 2), dense over dp
+    # expert gradients reduce over the ranks holding the same experts (tp x dp / ep = 4), dense over dp
     kinds = {(r["group_kind"], r["group_size"]) for r in comms if r["phase"] == "grad_sync" and r["op"] == "reduce_scatter"}
-    assert kinds == {("dp", 4), ("edp", 2)}
+    assert kinds == {("dp", 4), ("edp", 4)}
     expert_grads = next(r["bytes"] for r in comms if r["group_kind"] == "edp" and r["op"] == "reduce_scatter")
     assert expert_grads == 4 * L * (experts // 2) * 3 * H * ffn
 

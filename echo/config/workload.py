@@ -78,7 +78,7 @@ class ParallelConfig(BaseModel):
     pp: PositiveInt = Field(1, description="pipeline-parallel degree")
     dp: PositiveInt = Field(1, description="data-parallel degree")
     cp: PositiveInt = Field(1, description="context-parallel degree")
-    ep: PositiveInt = Field(1, description="expert-parallel degree (within dp * cp)")
+    ep: PositiveInt = Field(1, description="expert-parallel degree, folded over the tp x cp x dp ranks of a stage (Megatron-Core)")
     sequence_parallel: bool = Field(False, description="shard norms/dropout over tp (all-gather/reduce-scatter instead of all-reduce)")
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
     schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="pipeline schedule")
@@ -198,7 +198,8 @@ class Workload(BaseModel):
         need((m.experts == 0) == (m.top_k == 0), "model.top_k", "experts and top_k must both be 0 or both be > 0")
         need(m.top_k <= m.experts, "model.top_k", f"top_k {m.top_k} exceeds experts {m.experts}")
         need(p.ep == 1 or (m.experts > 0 and m.experts % p.ep == 0), "parallel.ep", f"ep {p.ep} needs experts divisible by it (experts = {m.experts})")
-        need(p.ep == 1 or (p.dp * p.cp) % p.ep == 0, "parallel.ep", f"ep {p.ep} must divide dp x cp = {p.dp * p.cp}")
+        need(p.ep == 1 or (p.tp * p.cp * p.dp) % p.ep == 0, "parallel.ep",
+             f"ep {p.ep} must divide tp x cp x dp = {p.tp * p.cp * p.dp} (the ranks of a stage it folds over)")
         need(p.schedule == "interleaved" or p.virtual_stages == 1, "parallel.virtual_stages",
              f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved")
         need(p.schedule != "interleaved" or p.pp > 1, "parallel.schedule", "interleaved needs pp > 1")

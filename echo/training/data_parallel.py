@@ -90,18 +90,29 @@ def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsha
 def tp_partial_grad_numel(modules: list[nn.Module], sequence_parallel: bool) -> int:
     """Elements of gradients that each tensor-parallel rank holds only a part of under sequence
     parallelism, because each rank's copy saw only its 1/tp of the sequence: the norms (partial
-    DTensor gradients) and the plain replicated parameters (position embedding, router, experts)."""
+    DTensor gradients) and the plain replicated parameters (position embedding, router). Experts
+    are left out (expert parallelism folds over tp: their gradients reduce over edp), and so are
+    parameters that read the whole gathered sequence (echo_tp_whole, hf_parallel)."""
     if not sequence_parallel:
         return 0
+    experts = _expert_ids(modules)
     n = 0
     for m in modules:
         for p in m.parameters():
             g = p.grad
             if isinstance(g, DTensor):
                 n += p.to_local().numel() if any(pl.is_partial() for pl in g.placements) else 0
-            else:
+            elif id(p) not in experts and not getattr(p, "echo_tp_whole", False):
                 n += p.numel()
     return n
+
+
+def _expert_ids(modules: list[nn.Module]) -> set[int]:
+    """ids of the expert parameters: moe.MoE's, and transformers' routed experts (hf_moe)."""
+    from echo.training.moe import MoE
+
+    ids = {id(p) for m in modules for mod in m.modules() if isinstance(mod, MoE) for p in (mod.w1, mod.w2, mod.w3)}
+    return ids | {id(p) for m in modules for p in m.parameters() if getattr(p, "echo_expert", False)}
 
 
 @dataclass(frozen=True)
@@ -116,13 +127,8 @@ class ReductionSet:
 
 def reduction_sets(modules: list[nn.Module], groups: dict, parallel) -> list[ReductionSet]:
     """Dense parameters reduce over dp; expert parameters over the ranks holding the same
-    experts (edp, dp / ep of them)."""
-    from echo.training.moe import MoE
-
-    experts = {id(p) for m in modules for mod in m.modules() if isinstance(mod, MoE)
-               for p in (mod.w1, mod.w2, mod.w3)}
-    # transformers' routed experts, cut to the rank's share by hf_moe.localize_experts
-    experts |= {id(p) for m in modules for p in m.parameters() if getattr(p, "echo_expert", False)}
+    experts (edp, tp x cp x dp / ep of them)."""
+    experts = _expert_ids(modules)
     dense, expert = [], []
     for m in modules:
         for p in m.parameters():
@@ -132,7 +138,9 @@ def reduction_sets(modules: list[nn.Module], groups: dict, parallel) -> list[Red
     dense_group = groups["dpcp"] if parallel.cp > 1 else groups["dp"]
     sets = [ReductionSet(numels[0], dense_group, parallel.dp * parallel.cp, dense)]
     if expert:
-        sets.append(ReductionSet(numels[1], groups.get("edp"), parallel.dp // parallel.ep, expert))
+        # expert parallelism folds over tp x cp x dp (layout.expert_group)
+        edp = parallel.tp * parallel.cp * parallel.dp // parallel.ep
+        sets.append(ReductionSet(numels[1], groups.get("edp"), edp, expert))
     return sets
 
 

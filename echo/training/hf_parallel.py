@@ -116,11 +116,16 @@ class _RegatherLinear(torch.autograd.Function):
 def _linear(self: nn.Linear, x: torch.Tensor, mesh: DeviceMesh, colwise: bool) -> torch.Tensor:
     """A column-parallel or replicated linear inside a region, on plain local tensors
     (ColwiseParallel's input hook wraps x as a replicated DTensor; its gradient needs no
-    collective of its own, the region's exit has it)."""
+    collective of its own, the region's exit has it). A column-parallel linear that reads
+    something else than the region's input (MLA's q_b_proj / kv_b_proj after the replicated
+    down-projections) enters a region of its own, as Megatron's ColumnParallelLinear: its input
+    gradient is all-reduced, so that the down-projection's weight gradient is whole."""
     local = x.to_local() if isinstance(x, DTensor) else x
+    region = getattr(self, "echo_region", None)
+    if colwise and not (region is not None and region.reads(local)) and getattr(self, "echo_inner", False):
+        local = _Enter.apply(local, mesh.get_group(), False)
     weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
     bias = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
-    region = getattr(self, "echo_region", None)
     if region is not None and region.reads(local):
         y = _RegatherLinear.apply(local, weight, bias, region)
     else:
@@ -144,9 +149,18 @@ def parallelize_hf_block(block: nn.Module, mesh: DeviceMesh, sequence_parallel: 
         readers = [m for n, m in module.named_modules() if isinstance(m, nn.Linear)
                    and styles.get(_name_in(block, m), ("replicated",))[0] != "rowwise" and ".experts." not in f".{n}."]
         module.register_forward_pre_hook(_entry(group, sequence_parallel, hook, readers), with_kwargs=True)
+        # a region with replicated linears (MLA's down-projections) has column-parallel linears
+        # that read their output, not the region's input
+        inner = any(styles.get(_name_in(block, m), ("",))[0] != "colwise" for m in readers)
         for m in readers:
             colwise = styles.get(_name_in(block, m), ("",))[0] == "colwise"
+            m.echo_inner = inner
             m.forward = types.MethodType(lambda self, x, c=colwise: _linear(self, x, mesh, c), m)
+    for m in (m for module in filter(None, regions) for m in module.modules()):
+        for param in m.parameters(recurse=False):
+            # read the whole sequence inside a region: not partial over tp (data_parallel's
+            # sequence-parallel gradient all-reduce leaves them out)
+            param.echo_tp_whole = not isinstance(param, DTensor)
 
 
 def _name_in(block: nn.Module, module: nn.Module) -> str:

@@ -59,15 +59,20 @@ class Layout:
         return [self.rank(Coords(**{**c.__dict__, dim: i})) for i in range(self.sizes[dim])]
 
     def expert_group(self, rank: int, dim: str) -> list[int]:
-        """Expert parallelism splits the data-parallel ranks: ``ep`` consecutive dp ranks share out
-        the experts (dim "ep"), and the ranks holding the same experts reduce their gradients
-        together (dim "edp", dp / ep of them)."""
-        c, ep, dp = self.coords(rank), self.parallel.ep, self.sizes["dp"]
+        """Expert parallelism folded over the tp x cp x dp ranks of a pipeline stage, as
+        Megatron-Core lays it out (MoE parallel folding, expert tensor parallel size 1): in the
+        stage's rank order, ``ep`` consecutive ranks share out the experts (dim "ep"; TP peers hold
+        different sequence shards, so they exchange tokens like any other), and the ranks holding
+        the same experts reduce their gradients together (dim "edp", tp x cp x dp / ep of them).
+        So ep may exceed dp (DeepSeek-V3's TP2 x DP32 with EP64)."""
+        s, ep = self.sizes, self.parallel.ep
+        stage = s["tp"] * s["cp"] * s["dp"]
+        base, local = divmod(rank, stage)
         if dim == "ep":
-            dps = [(c.dp // ep) * ep + i for i in range(ep)]
+            members = [(local // ep) * ep + i for i in range(ep)]
         else:
-            dps = [c.dp % ep + j * ep for j in range(dp // ep)]
-        return [self.rank(Coords(pp=c.pp, dp=d, cp=c.cp, tp=c.tp)) for d in dps]
+            members = [local % ep + j * ep for j in range(stage // ep)]
+        return [base * stage + m for m in members]
 
     def all_groups(self, dim: str) -> list[list[int]]:
         """Every group along ``dim``, each once, in order of its first rank."""
