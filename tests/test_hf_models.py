@@ -30,7 +30,9 @@ def _rank0(trace: Path, table: str):
     return t.filter(pc.equal(t["rank"], 0)).to_pylist()
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in TINY[:2] else pytest.mark.slow) for n in TINY])
+# tracing takes 5-10 s a workload: `make test-fast` keeps the parity and bad-input tests only
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TINY)
 def test_tiny_config_of_each_architecture_traces(name, tmp_path):
     w = load_workload(name)
     assert w.model.arch == "hf" and w.parallel.tp == 2 and w.parallel.pp == 2
@@ -50,7 +52,7 @@ def test_tiny_config_of_each_architecture_traces(name, tmp_path):
         assert {c["group_size"] for c in a2a} == {w.parallel.ep}
 
 
-@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("sp", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_hf_llama_traces_like_the_builtin_llama(tmp_path, sp):
     """Same shape through both definitions: equal matmul FLOPs per phase and equal collectives
     (counts and bytes) under TP2 x DP2, with sequence parallelism (where both gather the shard
@@ -126,6 +128,7 @@ def test_shipped_configs_derive_their_shape(tmp_path):
     assert (full["n_routed_experts"], full["num_experts_per_tok"]) == (256, 8)
 
 
+@pytest.mark.slow
 def test_a_users_module_traces_with_tp_and_pp(tmp_path):
     w = load_workload("example-module")
     assert w.model.arch == "module" and len(w.model.module_digest) == 64
@@ -172,6 +175,7 @@ def _deepseek_forward_flops(hf: dict, s: int, tp: int, layers: range, first: boo
     return total + (2 * t * h * hf["vocab_size"] // tp if last else 0)
 
 
+@pytest.mark.slow
 def test_deepseek_traced_flops_equal_the_architectures_count(tmp_path):
     """MLA and MoE under TP2 + SP, EP2 and PP2: every rank's traced forward FLOPs are the analytic
     count within 1%, and its backward twice that (no recompute)."""
@@ -188,6 +192,7 @@ def test_deepseek_traced_flops_equal_the_architectures_count(tmp_path):
         assert backward == pytest.approx(2 * forward, rel=0.01), rank
 
 
+@pytest.mark.slow
 def test_llama_traced_flops_under_context_parallelism(tmp_path):
     """CP2 x TP2: each rank projects its half of the sequence and attends to the whole of it
     (all-gathered keys and values); its forward FLOPs are that count within 1%."""
@@ -205,6 +210,7 @@ def test_llama_traced_flops_under_context_parallelism(tmp_path):
     assert len(gathers) >= 2 * 4  # keys and values of every layer
 
 
+@pytest.mark.slow
 def test_expert_parallelism_wider_than_data_parallelism(tmp_path):
     """EP4 over TP2 x DP2 (ep > dp, as DeepSeek-V3's published layouts): the all-to-alls span the
     four ranks of the stage, each holds a quarter of the experts, none shares its experts."""
@@ -215,3 +221,17 @@ def test_expert_parallelism_wider_than_data_parallelism(tmp_path):
     comms = _rank0(tmp_path / "trace", "comms")
     assert {c["group_size"] for c in comms if c["op"] == "all_to_all"} == {4}
     assert not [c for c in comms if c["group_kind"] == "edp"]  # tp x dp / ep = 1: nothing to reduce
+
+
+@pytest.mark.slow
+def test_hf_llama_under_fsdp_with_tp(tmp_path):
+    """ZeRO 3 (FSDP2) over dp with TP2: every decoder layer is an FSDP unit, all-gathered in forward
+    and backward and reduce-scattered in backward."""
+    d = yaml.safe_load((REPO / "config/workloads/tiny-hf-llama.yaml").read_text())
+    d["parallel"] |= {"pp": 1, "zero": 3, "sequence_parallel": False}
+    w = parse_workload(d, tmp_path / "w.yaml")
+    run_trace(w, tmp_path / "trace")
+    dp = Counter((c["op"], c["phase"]) for c in _rank0(tmp_path / "trace", "comms") if c["group_kind"] == "dp")
+    layers = w.model.layers
+    assert dp[("all_gather", "forward")] >= layers and dp[("all_gather", "backward")] >= layers
+    assert dp[("reduce_scatter", "backward")] >= layers

@@ -15,7 +15,6 @@ GPU a trace stands for rather than for the math:
 from __future__ import annotations
 
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -194,18 +193,3 @@ def build_hf_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext
     for chunk in chunks:
         hf_moe.localize_experts(chunk, p.ep)
     return chunks
-
-
-def parameter_counts(cfg: ModelConfig) -> tuple[int, int]:
-    """(total, active per token) parameters of the whole model, built on the meta device: routed
-    experts count top_k / experts towards the active figure, everything else fully."""
-    with torch.device("meta"):
-        lm = build_hf_model(cfg)
-    total = sum(t.numel() for t in lm.parameters())
-    routed = sum(t.numel() for m in lm.modules() if hf_moe.is_experts(m) for t in m.parameters())
-    frac = cfg.top_k / cfg.experts if cfg.experts else 1.0
-    return total, round(total - routed * (1 - frac))
-
-
-def config_file(cfg: ModelConfig) -> Path | None:
-    return Path(cfg.hf_source) if cfg.hf_source else None
