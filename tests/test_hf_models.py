@@ -235,3 +235,29 @@ def test_hf_llama_under_fsdp_with_tp(tmp_path):
     layers = w.model.layers
     assert dp[("all_gather", "forward")] >= layers and dp[("all_gather", "backward")] >= layers
     assert dp[("reduce_scatter", "backward")] >= layers
+
+
+@pytest.mark.slow
+def test_imbalanced_routing_loads_the_traced_rank_with_the_heaviest_experts(tmp_path):
+    """A router histogram with one hot expert: under EP2 the traced rank holds the heavier half
+    (11 of 15 units of load instead of 8 of 16), so its expert GEMMs do 11/15 / (1/2) = 1.47x the
+    balanced work, one GEMM per expert."""
+    d = yaml.safe_load((REPO / "config/workloads/tiny-hf-deepseek-v3.yaml").read_text())
+    d["parallel"] |= {"pp": 1}
+    flops = {}
+    for name, load in (("balanced", None), ("hot", [8, 1, 1, 1, 1, 1, 1, 1])):
+        model = {**d["model"], **({"expert_load": load} if load else {})}
+        w = parse_workload({**d, "model": model}, tmp_path / f"{name}.yaml")
+        run_trace(w, tmp_path / name)
+        flops[name] = sum(o["flops"] for o in _rank0(tmp_path / name, "ops") if o["phase"] == "forward")
+    hf = w.model.hf_config
+    moe_layers = hf["num_hidden_layers"] - hf["first_k_dense_replace"]
+    # balanced routed-expert FLOPs of the rank: its shard's tokens x top_k rows, three projections
+    routed = moe_layers * 6 * (w.model.seq_len // 2) * hf["num_experts_per_tok"] * hf["hidden_size"] * hf["moe_intermediate_size"]
+    assert flops["hot"] - flops["balanced"] == pytest.approx(((11 / 15) / (1 / 2) - 1) * routed, rel=0.02)
+
+
+def test_expert_load_is_checked(tmp_path):
+    d = yaml.safe_load((REPO / "config/workloads/tiny-hf-deepseek-v3.yaml").read_text())
+    with pytest.raises(ConfigError, match="model.expert_load.*3 entries for 8 experts"):
+        parse_workload({**d, "model": {**d["model"], "expert_load": [1, 2, 3]}}, tmp_path / "w.yaml")

@@ -30,6 +30,10 @@ class ModelConfig(BaseModel):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability (attention and hidden)")
     experts: int = Field(0, ge=0, description="> 0 makes the MLP a mixture of experts")
     top_k: int = Field(0, ge=0, description="experts each token is routed to")
+    expert_load: list[float] | None = Field(
+        None, description="relative tokens each routed expert receives, one entry per expert (any positive "
+        "scale; e.g. a measured router histogram); default: balanced. The traced rank holds the heaviest "
+        "expert-parallel group, which the all-to-alls make every rank wait for (hf models)")
     hf_config: dict | None = Field(
         None, description="a Hugging Face config.json: in the workload file its path (relative to the "
         "repository root); once loaded, its content with hf_overrides applied. The shape fields above are "
@@ -197,6 +201,11 @@ class Workload(BaseModel):
              f"seq_len {m.seq_len} is not divisible by tp {p.tp}")
         need((m.experts == 0) == (m.top_k == 0), "model.top_k", "experts and top_k must both be 0 or both be > 0")
         need(m.top_k <= m.experts, "model.top_k", f"top_k {m.top_k} exceeds experts {m.experts}")
+        if m.expert_load is not None:
+            need(len(m.expert_load) == m.experts, "model.expert_load",
+                 f"{len(m.expert_load)} entries for {m.experts} experts")
+            need(all(x > 0 for x in m.expert_load), "model.expert_load", "every expert needs a load above 0")
+            need(m.arch == "hf", "model.expert_load", "imbalanced routing is traced for hf_config models")
         need(p.ep == 1 or (m.experts > 0 and m.experts % p.ep == 0), "parallel.ep", f"ep {p.ep} needs experts divisible by it (experts = {m.experts})")
         need(p.ep == 1 or (p.tp * p.cp * p.dp) % p.ep == 0, "parallel.ep",
              f"ep {p.ep} must divide tp x cp x dp = {p.tp * p.cp * p.dp} (the ranks of a stage it folds over)")

@@ -191,5 +191,5 @@ def build_hf_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext
                       recompute=w.training.recompute, hook=hook)
               for c, ids in enumerate(layer_ranges(w, pp_rank))]
     for chunk in chunks:
-        hf_moe.localize_experts(chunk, p.ep)
+        hf_moe.localize_experts(chunk, p.ep, w.model.expert_load)
     return chunks

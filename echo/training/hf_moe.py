@@ -8,6 +8,12 @@ moe.MoE: balanced routing (every local expert receives tokens x top_k x ep / exp
 capacity a load-balancing loss steers towards), all-to-all dispatch over the expert-parallel
 group, one batched GEMM per projection, all-to-all combine, weighted sum over the top_k.
 With expert parallelism each rank keeps experts / ep of the weights.
+
+Imbalanced routing (``model.expert_load``, relative tokens per expert): expert e then receives
+its share of the routed rows, the dispatch and combine carry unequal splits, and the local
+experts run one GEMM each (Megatron's grouped GEMM over unequal groups). The all-to-alls make
+every expert-parallel rank wait for the most loaded one, so the traced rank stands for it: it
+holds the heaviest group of experts / ep consecutive experts.
 """
 
 from __future__ import annotations
@@ -25,8 +31,19 @@ def is_experts(m: nn.Module) -> bool:
     return isinstance(up, nn.Parameter) and isinstance(down, nn.Parameter) and up.dim() == 3 and down.dim() == 3
 
 
-def localize_experts(chunk: nn.Module, ep: int) -> None:
-    """Cut every experts module of ``chunk`` to its 1/ep share and give it the Megatron path."""
+def heaviest_group(load: list[float], ep: int) -> list[float]:
+    """Each expert's share of all routed rows, for the group of experts / ep consecutive experts
+    with the largest total (where a rank sits in the expert-parallel group does not change the
+    step: the all-to-alls wait for the heaviest rank)."""
+    per = len(load) // ep
+    groups = [load[g * per:(g + 1) * per] for g in range(ep)]
+    total = sum(load)
+    return [x / total for x in max(groups, key=sum)]
+
+
+def localize_experts(chunk: nn.Module, ep: int, load: list[float] | None = None) -> None:
+    """Cut every experts module of ``chunk`` to its 1/ep share and give it the Megatron path
+    (balanced, or by ``load``: relative tokens per expert)."""
     for m in chunk.modules():
         if not is_experts(m):
             continue
@@ -41,7 +58,8 @@ def localize_experts(chunk: nn.Module, ep: int) -> None:
             new.echo_expert = True
             setattr(m, name, new)
         m.local_experts, m.ep, m.ep_group = local, ep, None
-        m.forward = types.MethodType(_forward, m)
+        m.shares = heaviest_group(load, ep) if load else None
+        m.forward = types.MethodType(_forward if load is None else _forward_imbalanced, m)
 
 
 def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -66,6 +84,46 @@ def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k
     if getattr(self, "down_proj_bias", None) is not None:
         y = y + self.down_proj_bias.unsqueeze(1)
     y = _all_to_all(self, y.reshape(-1, h))
+    return (y.view(tokens, k, h) * top_k_weights.to(y.dtype).unsqueeze(-1)).sum(dim=1)
+
+
+def _project(self, x: torch.Tensor, e: int | slice) -> torch.Tensor:
+    """One expert's (or a batch of experts') gate/up projection, activation and down projection."""
+    h = x.shape[-1]
+    up, down = self.gate_up_proj[e], self.down_proj[e]
+    gate_up = x @ (up if up.shape[-2] == h else up.transpose(-1, -2))
+    if getattr(self, "gate_up_proj_bias", None) is not None:
+        gate_up = gate_up + self.gate_up_proj_bias[e]
+    if hasattr(self, "_apply_gate"):
+        act = self._apply_gate(gate_up)
+    else:
+        gate, lin = gate_up.chunk(2, dim=-1)
+        act = self.act_fn(gate) * lin
+    y = act @ (down if down.shape[-2] == act.shape[-1] else down.transpose(-1, -2))
+    if getattr(self, "down_proj_bias", None) is not None:
+        y = y + self.down_proj_bias[e]
+    return y
+
+
+def _forward_imbalanced(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """As _forward, with each local expert receiving its share (``shares``) of all routed rows."""
+    tokens, h = hidden_states.shape
+    k = top_k_index.shape[-1]
+    sent = tokens * k
+    # rows of this rank's experts, from all ep ranks (each sends its tokens x k rows by the load)
+    rows = [max(1, round(sent * self.ep * s)) for s in self.shares]
+    received = sum(rows)
+    routed = hidden_states.repeat_interleave(k, dim=0)
+    if self.ep > 1:
+        out_splits = [received // self.ep + (1 if i < received % self.ep else 0) for i in range(self.ep)]
+        in_splits = [sent // self.ep + (1 if i < sent % self.ep else 0) for i in range(self.ep)]
+        routed = funcol.all_to_all_single_autograd(routed, out_splits, in_splits, self.ep_group)
+    else:
+        routed = routed[:received] if received <= sent else torch.cat([routed] * -(-received // sent))[:received]
+    y = torch.cat([_project(self, x, e) for e, x in enumerate(routed.split(rows))])
+    if self.ep > 1:
+        y = funcol.all_to_all_single_autograd(y, in_splits, out_splits, self.ep_group)
     return (y.view(tokens, k, h) * top_k_weights.to(y.dtype).unsqueeze(-1)).sum(dim=1)
 
 
