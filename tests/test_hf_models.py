@@ -261,3 +261,11 @@ def test_expert_load_is_checked(tmp_path):
     d = yaml.safe_load((REPO / "config/workloads/tiny-hf-deepseek-v3.yaml").read_text())
     with pytest.raises(ConfigError, match="model.expert_load.*3 entries for 8 experts"):
         parse_workload({**d, "model": {**d["model"], "expert_load": [1, 2, 3]}}, tmp_path / "w.yaml")
+
+
+def test_a_loaded_workload_reloads_from_its_dump(tmp_path):
+    """Sweeps write a loaded workload back out (every key, unset ones as None) and load it again."""
+    for name in ("tiny-hf-deepseek-v3", "example-module", "tiny-tp2"):
+        w = load_workload(name)
+        again = parse_workload({k: v for k, v in w.model_dump().items() if k != "name"}, tmp_path / f"{name}.yaml")
+        assert again.model == w.model

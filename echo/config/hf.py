@@ -90,9 +90,10 @@ def expand_model_section(model: dict, workload_path: Path) -> dict:
     """A workload's ``model:`` mapping with ``hf_config`` (a path) resolved into the config's
     content and the shape fields filled from it, or a ``module:`` model checked; any other
     mapping is returned as is."""
-    if "module" in model and "module_digest" not in model:
+    # a workload dumped and loaded again (sweeps) carries every key, unset ones as None
+    if model.get("module") is not None and model.get("module_digest") is None:
         return expand_module(model, workload_path)
-    if "hf_config" not in model or isinstance(model["hf_config"], dict):
+    if model.get("hf_config") is None or isinstance(model["hf_config"], dict):
         return model
     clash = [k for k in DERIVED if k in model]
     if clash:
