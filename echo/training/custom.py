@@ -22,6 +22,7 @@ from echo.config.hf import module_file
 from echo.config.workload import ModelConfig, Workload
 from echo.errors import ConfigError
 from echo.training.layers import RecomputeHook, recomputed
+from echo.training.layout import chunk_slots
 
 _REQUIRED = ("tok_emb", "blocks", "ln_f", "head")
 
@@ -95,10 +96,6 @@ class ModuleChunk(nn.Module):
 
 
 def build_module_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[ModuleChunk]:
-    from echo.training.hf import layer_ranges
-
-    p = w.parallel
     model = builder(w.model)(**w.model.module_args)
-    return [ModuleChunk(model, ids, first=pp_rank == 0 and c == 0, last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
-                        recompute=w.training.recompute, hook=hook)
-            for c, ids in enumerate(layer_ranges(w, pp_rank))]
+    return [ModuleChunk(model, slot.layers, first=slot.first, last=slot.last, recompute=w.training.recompute, hook=hook)
+            for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]

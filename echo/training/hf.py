@@ -24,6 +24,7 @@ from echo.config.workload import ModelConfig, Workload
 from echo.errors import ConfigError
 from echo.training import hf_moe
 from echo.training.layers import RecomputeHook, attention_core, recomputed
+from echo.training.layout import chunk_slots
 
 ATTENTION = "echo"
 
@@ -109,9 +110,6 @@ def check_buildable(w: Workload) -> None:
     if getattr(conf, "tie_word_embeddings", False) and (p.pp > 1 or p.tp > 1):
         raise ConfigError(source(cfg), "tie_word_embeddings",
                           "tied embeddings are not traced with tp or pp > 1 (Megatron unties them across stages)")
-    heads = cfg.heads
-    if heads % p.tp:
-        raise ConfigError(source(cfg), "num_attention_heads", f"{heads} heads are not divisible by tp {p.tp}")
 
 
 def build_hf_model(cfg: ModelConfig) -> nn.Module:
@@ -175,21 +173,12 @@ class HFChunk(nn.Module):
         return run
 
 
-def layer_ranges(w: Workload, pp_rank: int) -> list[range]:
-    layers, p = w.parallel.layers_of(w.model.layers), w.parallel
-    starts = [sum(layers[:i]) for i in range(len(layers))]
-    return [range(starts[c * p.pp + pp_rank], starts[c * p.pp + pp_rank] + layers[c * p.pp + pp_rank])
-            for c in range(p.virtual_stages)]
-
-
 def build_hf_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[HFChunk]:
     """The chunks of pipeline rank ``pp_rank`` (layout as model.build_chunks), routed experts
     cut to this rank's 1/ep of them."""
-    p = w.parallel
     lm = build_hf_model(w.model)
-    chunks = [HFChunk(lm, ids, first=pp_rank == 0 and c == 0, last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
-                      recompute=w.training.recompute, hook=hook)
-              for c, ids in enumerate(layer_ranges(w, pp_rank))]
+    chunks = [HFChunk(lm, slot.layers, first=slot.first, last=slot.last, recompute=w.training.recompute, hook=hook)
+              for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]
     for chunk in chunks:
-        hf_moe.localize_experts(chunk, p.ep, w.model.expert_load)
+        hf_moe.localize_experts(chunk, w.parallel.ep, w.model.expert_load)
     return chunks

@@ -68,40 +68,31 @@ def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k
     k = top_k_index.shape[-1]
     # one copy of each token per chosen expert, grouped by destination (balanced routing)
     routed = _all_to_all(self, hidden_states.repeat_interleave(k, dim=0))
-    x = routed.view(self.local_experts, -1, h)
-    up = self.gate_up_proj
-    # most architectures store [experts, 2f, h] (a linear's weight); GPT-OSS stores [experts, h, 2f]
-    gate_up = torch.bmm(x, up if up.shape[1] == h else up.transpose(1, 2))
-    if getattr(self, "gate_up_proj_bias", None) is not None:
-        gate_up = gate_up + self.gate_up_proj_bias.unsqueeze(1)
-    if hasattr(self, "_apply_gate"):  # GPT-OSS: clamped, interleaved SwiGLU
-        act = self._apply_gate(gate_up)
-    else:
-        gate, lin = gate_up.chunk(2, dim=-1)
-        act = self.act_fn(gate) * lin
-    down = self.down_proj
-    y = torch.bmm(act, down if down.shape[1] == act.shape[-1] else down.transpose(1, 2))
-    if getattr(self, "down_proj_bias", None) is not None:
-        y = y + self.down_proj_bias.unsqueeze(1)
+    y = _project(self, routed.view(self.local_experts, -1, h), slice(None))
     y = _all_to_all(self, y.reshape(-1, h))
     return (y.view(tokens, k, h) * top_k_weights.to(y.dtype).unsqueeze(-1)).sum(dim=1)
 
 
 def _project(self, x: torch.Tensor, e: int | slice) -> torch.Tensor:
-    """One expert's (or a batch of experts') gate/up projection, activation and down projection."""
-    h = x.shape[-1]
+    """Gate/up projection, activation and down projection of one expert (``e`` an index, x
+    [rows, h]) or of all local experts at once (``e`` = slice(None), x [experts, rows, h], one
+    batched GEMM per projection)."""
+    h, batched = x.shape[-1], x.dim() == 3
+    matmul = torch.bmm if batched else torch.mm
+    bias = lambda b: b[e].unsqueeze(-2) if batched else b[e]  # noqa: E731
     up, down = self.gate_up_proj[e], self.down_proj[e]
-    gate_up = x @ (up if up.shape[-2] == h else up.transpose(-1, -2))
+    # most architectures store [experts, 2f, h] (a linear's weight); GPT-OSS stores [experts, h, 2f]
+    gate_up = matmul(x, up if up.shape[-2] == h else up.transpose(-1, -2))
     if getattr(self, "gate_up_proj_bias", None) is not None:
-        gate_up = gate_up + self.gate_up_proj_bias[e]
-    if hasattr(self, "_apply_gate"):
+        gate_up = gate_up + bias(self.gate_up_proj_bias)
+    if hasattr(self, "_apply_gate"):  # GPT-OSS: clamped, interleaved SwiGLU
         act = self._apply_gate(gate_up)
     else:
         gate, lin = gate_up.chunk(2, dim=-1)
         act = self.act_fn(gate) * lin
-    y = act @ (down if down.shape[-2] == act.shape[-1] else down.transpose(-1, -2))
+    y = matmul(act, down if down.shape[-2] == act.shape[-1] else down.transpose(-1, -2))
     if getattr(self, "down_proj_bias", None) is not None:
-        y = y + self.down_proj_bias[e]
+        y = y + bias(self.down_proj_bias)
     return y
 
 

@@ -25,6 +25,25 @@ class Coords:
 
 
 @dataclass(frozen=True)
+class ChunkSlot:
+    """One model chunk of a pipeline rank: which layers it holds and its ends of the model."""
+
+    layers: range  # global layer indices
+    first: bool    # holds the token embedding
+    last: bool     # holds the final norm, the head and the loss
+
+
+def chunk_slots(parallel: ParallelConfig, layers: int, pp_rank: int) -> list[ChunkSlot]:
+    """The chunks of pipeline rank ``pp_rank``, one per virtual stage (interleaved layout: chunk c
+    holds virtual stage c * pp + pp_rank), with ``stage_layers`` respected."""
+    counts, pp, v = parallel.layers_of(layers), parallel.pp, parallel.virtual_stages
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [ChunkSlot(range(starts[c * pp + pp_rank], starts[c * pp + pp_rank] + counts[c * pp + pp_rank]),
+                      first=pp_rank == 0 and c == 0, last=pp_rank == pp - 1 and c == v - 1)
+            for c in range(v)]
+
+
+@dataclass(frozen=True)
 class Layout:
     """The job's mesh: rank <-> coordinates, and each rank's groups."""
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from echo.config.workload import ModelConfig, Workload
 from echo.training import llama, moe
 from echo.training.layers import RecomputeHook, attention_core, dropout, recomputed
+from echo.training.layout import chunk_slots
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -140,9 +141,6 @@ def build_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -
         from echo.training.custom import build_module_chunks
 
         return build_module_chunks(w, pp_rank, hook)
-    p = w.parallel
-    layers = p.layers_of(w.model.layers)
-    return [ModelChunk(w.model, layers[c * p.pp + pp_rank], first=pp_rank == 0 and c == 0,
-                       last=pp_rank == p.pp - 1 and c == p.virtual_stages - 1,
-                       recompute=w.training.recompute, hook=hook, ep=p.ep)
-            for c in range(p.virtual_stages)]
+    return [ModelChunk(w.model, len(slot.layers), first=slot.first, last=slot.last,
+                       recompute=w.training.recompute, hook=hook, ep=w.parallel.ep)
+            for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]
