@@ -17,6 +17,10 @@ class PeakTflops(BaseModel):
     fp16: PositiveFloat
     fp32: PositiveFloat
     tf32: PositiveFloat | None = None
+    fp8: PositiveFloat | None = Field(None, description="FP8 (E4M3/E5M2) tensor-core peak, also the MXFP8 and "
+                                      "block-scaled FP8 rate; None: the GPU has no FP8 tensor cores (A100)")
+    fp4: PositiveFloat | None = Field(None, description="FP4 (NVFP4 / MXFP4) tensor-core peak; None: no FP4 "
+                                      "tensor cores (before Blackwell)")
 
 
 class Provenance(BaseModel):

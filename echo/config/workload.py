@@ -128,8 +128,18 @@ class TrainingConfig(BaseModel):
     model_config = _STRICT
     global_batch: PositiveInt = Field(description="sequences per iteration")
     micro_batch: PositiveInt = Field(1, description="sequences per micro-batch")
-    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="compute dtype")
+    dtype: Literal["bf16", "fp16", "fp32", "fp8"] = Field(
+        "bf16", description="compute dtype; fp8: the linear layers' GEMMs run in FP8 by fp8_recipe, everything "
+        "else (embedding, LM head, norms, attention core, optimizer) in bf16 with fp32 master weights")
     recompute: Literal["none", "selective", "full"] = Field("none", description="activation recomputation")
+    fp8_recipe: Literal["delayed", "current", "mxfp8", "blockwise", "nvfp4"] | None = Field(
+        None, description="how FP8 tensors are scaled (dtype fp8 only). delayed: per-tensor scales from an amax "
+        "history, amaxes all-reduced once per step (Transformer Engine's default on Hopper); current: per-tensor "
+        "scales from each tensor's own amax (Megatron FP8-CS, torchao tensorwise); mxfp8: 1x32 E8M0 block scales "
+        "(Blackwell); blockwise: 1x128 activation and 128x128 weight tiles (DeepSeek-V3); nvfp4: FP4 E2M1 with 1x16 "
+        "E4M3 block scales (Blackwell)")
+    fp8_param_gather: bool = Field(
+        False, description="ZeRO / FSDP all-gather parameters in FP8 (half the bytes of bf16); dtype fp8 only")
 
 
 class Workload(BaseModel):
@@ -220,6 +230,11 @@ class Workload(BaseModel):
              "there is no parameter all-gather without data parallelism (dp x cp = 1)")
         need(not p.tp_comm_overlap or p.tp > 1, "parallel.tp_comm_overlap",
              f"overlaps tensor-parallel communication, which needs tp > 1 (tp is {p.tp})")
+        need((t.dtype == "fp8") == (t.fp8_recipe is not None), "training.fp8_recipe",
+             "dtype fp8 needs an fp8_recipe (delayed | current | mxfp8 | blockwise | nvfp4)" if t.dtype == "fp8"
+             else f"fp8_recipe {t.fp8_recipe} needs dtype: fp8 (dtype is {t.dtype})")
+        need(not t.fp8_param_gather or (t.dtype == "fp8" and p.zero >= 1), "training.fp8_param_gather",
+             "gathers FP8 parameters, which needs dtype fp8 and a sharded optimizer (zero 1, 2 or 3)")
         need(not p.tp_comm_overlap or p.sequence_parallel, "parallel.tp_comm_overlap",
              "pipelines the sequence-parallel all-gathers and reduce-scatters, which needs sequence_parallel: true")
         return out
