@@ -31,11 +31,12 @@ validate: venv
 	$(BIN)/snakemake --forcerun measure --cores $(CORES) results/validate/errors.md
 	@cat results/validate/errors.md
 
-# The hardware fits, results/fit/{hardware}.json (echo.fit; not part of `make run`: they need the
-# reference folder, and the H100 one traces and simulates the Megatron-Core rows). Copy each report's
-# values and code into config/hardware/ when they change (tests/test_fit.py says when).
+# The hardware fits, results/fit/{hardware}.json (echo.fit.kernels, on the reference folder's per-kernel
+# tables and the split of config/splits/kernel_tables.yaml; not part of `make run`: they need the
+# reference folder). `python -m echo.fit --write` runs the same fit and writes each file's
+# compute_model section (tests/test_kernel_model.py and tests/test_fit.py say when it is due).
 .PHONY: fit
-FITS ?= a100-sxm-80gb h100-sxm-80gb h200-sxm-141gb b200-sxm
+FITS ?= a100-sxm-80gb h100-sxm-80gb h200-sxm-141gb b200-sxm gb200 b300-sxm gb300
 fit: venv
 	$(BIN)/snakemake --cores $(CORES) $(foreach h,$(FITS),results/fit/$(h).json)
 

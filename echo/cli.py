@@ -198,7 +198,8 @@ def cmd_collective(args: argparse.Namespace) -> int:
     from echo.network import collective_main
 
     result = collective_main(args.topology, args.op, args.gpus, args.bytes, config_root=args.config_dir,
-                             network_json=_paths(args.results, topology=args.topology)["network"])
+                             network_json=_paths(args.results, topology=args.topology)["network"],
+                             nccl_algo=args.nccl_algo, nccl_proto=args.nccl_proto)
     print(json.dumps(result, default=str))
     return 0
 
@@ -311,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", required=True, help="all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | send | recv")
     p.add_argument("--gpus", type=int, required=True)
     p.add_argument("--bytes", type=parse_bytes, required=True, help="message size, e.g. 1048576, 64KB, 1MiB")
+    p.add_argument("--nccl-algo", default=None, help="force NCCL's algorithm as NCCL_ALGO does: Ring, Tree, NVLS, "
+                   "NVLSTree, a list, or ^excluded (default: the topology's nccl.algo, else NCCL's choice)")
+    p.add_argument("--nccl-proto", default=None, help="force the protocol as NCCL_PROTO does: LL, LL128, Simple "
+                   "(default: the topology's nccl.proto, else NCCL's choice)")
 
     p = add("status", cmd_status, "what is cached and what would re-run, and why (Snakemake's dry run, explained)")
     p.add_argument("targets", nargs="*", help="Snakemake targets (default: rule all)")

@@ -238,6 +238,24 @@ def test_hf_llama_under_fsdp_with_tp(tmp_path):
 
 
 @pytest.mark.slow
+def test_fsdp_shards_over_data_and_context_parallel_ranks(tmp_path):
+    """ZeRO 3 with CP2 x DP2 (torchtitan's dp_shard_cp): parameters are sharded over the four
+    ranks that hold the same parameters, so the layers' gathers and reduce-scatters run over that
+    group, and each rank keeps a quarter of the fp32 state."""
+    d = yaml.safe_load((REPO / "config/workloads/tiny-hf-llama.yaml").read_text())
+    d["parallel"] = {"tp": 1, "pp": 1, "dp": 2, "cp": 2, "zero": 3}
+    w = parse_workload(d, tmp_path / "w.yaml")
+    run_trace(w, tmp_path / "trace")
+    comms = _rank0(tmp_path / "trace", "comms")
+    shard = Counter((c["op"], c["phase"]) for c in comms if c["group_kind"] == "dpcp" and c["group_size"] == 4)
+    assert shard[("all_gather", "forward")] >= w.model.layers and shard[("reduce_scatter", "backward")] >= w.model.layers
+    assert not [c for c in comms if c["group_kind"] == "dp"]
+    # 2,885,888 parameters (embedding and head 1024 x 256 each, 4 layers of 590,336, final norm),
+    # fp32 gradients sharded four ways: one byte per parameter
+    assert _rank0(tmp_path / "trace", "ranks")[0]["grad_bytes"] == 2_885_888
+
+
+@pytest.mark.slow
 def test_imbalanced_routing_loads_the_traced_rank_with_the_heaviest_experts(tmp_path):
     """A router histogram with one hot expert: under EP2 the traced rank holds the heavier half
     (11 of 15 units of load instead of 8 of 16), so its expert GEMMs do 11/15 / (1/2) = 1.47x the

@@ -14,7 +14,8 @@ from echo.config import load_hardware
 from echo.io import read_parquet, write_parquet
 from echo.profile import Kernel, Result, distinct_kernels, run_profile
 from echo.profile import measure as measure_mod
-from echo.profile.roofline import estimate, gemm_shape_efficiency
+from echo.profile.gemm_model import gemm_time
+from echo.profile.roofline import estimate, wave_efficiency
 from echo.profile.stage import kernels_table
 
 pytestmark = pytest.mark.usefixtures("fixed_eager_step")  # its own tests: test_profile_eager.py
@@ -49,23 +50,22 @@ def tflops(hw, k):
     return k.flops / estimate(hw, k).duration_us / 1e6
 
 
-# --- roofline model ---------------------------------------------------------------------------
+# --- roofline model (its calibration: tests/test_kernel_model.py) ------------------------------
 @pytest.mark.parametrize("hw_name", sorted(BEST_GEMM_TFLOPS))
 def test_large_square_bf16_gemm_reaches_best_measured(hw_name):
     hw = load_hardware(hw_name)
     got = tflops(hw, gemm(16384, 16384, 16384))
-    best = BEST_GEMM_TFLOPS[hw_name]
-    assert got <= best * 1.0001  # shape effects only ever lose against the best GEMM
-    # a training job sustains a fraction of that burst rate (sustained_compute, fitted on step times)
-    assert abs(got / hw.compute_model.sustained_compute / best - 1) < 0.05, (hw_name, got, best)
+    # the GEMM model is fitted on per-shape tables, not on this figure: it lands within 5% of it
+    assert abs(got / BEST_GEMM_TFLOPS[hw_name] - 1) < 0.05, (hw_name, got)
+    assert got < hw.peak_tflops.bf16 * hw.compute_model.gemm.bf16.peak_fraction  # never above the main-loop rate
 
 
 def test_partial_last_wave_is_slower_per_flop():
     hw = load_hardware("a100-sxm-80gb")
     sms = hw.compute_model.sm_count
     assert 12 * 18 == 2 * sms and 7 * 31 == 2 * sms + 1  # 128x128 output tiles of the shapes below
-    full = gemm(12 * 128, 18 * 128, 8192)   # two full waves
-    spill = gemm(7 * 128, 31 * 128, 8192)   # one tile more: a third wave with one busy SM
+    full = gemm(12 * 128, 18 * 128, 8192)   # two full waves (one of 128x256 tiles)
+    spill = gemm(7 * 128, 31 * 128, 8192)   # one tile more: a wave more, with few busy SMs
     assert estimate(hw, full).bound == estimate(hw, spill).bound == "compute"
     assert tflops(hw, spill) < 0.75 * tflops(hw, full)
 
@@ -75,21 +75,30 @@ def test_odd_and_small_shapes_lose_efficiency():
     assert tflops(hw, gemm(4097, 4097, 4096)) < 0.95 * tflops(hw, gemm(4096, 4096, 4096))
     assert tflops(hw, gemm(8192, 8192, 128)) < 0.8 * tflops(hw, gemm(8192, 8192, 8192))  # short K
     assert tflops(hw, gemm(129, 129, 129)) < 0.2 * tflops(hw, gemm(4096, 4096, 4096))
-    sms = hw.compute_model.sm_count
-    assert gemm_shape_efficiency(1, 128 * sms, 128, 1 << 20, sms) > 0.99  # a perfectly filled grid
+    assert wave_efficiency(2 * 132, 132) == 1.0 and wave_efficiency(133, 132) < 0.51
 
 
 def test_batched_gemm_counts_tiles_over_the_batch():
-    sms = load_hardware("a100-sxm-80gb").compute_model.sm_count
-    one_wave = gemm_shape_efficiency(sms, 128, 128, 4096, sms)   # one 128x128 tile per matrix
-    spill = gemm_shape_efficiency(sms + 1, 128, 128, 4096, sms)
-    assert spill < 0.7 * one_wave
+    hw = load_hardware("a100-sxm-80gb")
+    cm = hw.compute_model
+    rate, sms = cm.gemm.bf16, cm.sm_count
+
+    def per_gemm_us(batch):  # 128 x 128 x 4096 GEMMs: one 128x128 tile each
+        t, _, _ = gemm_time(rate, 0.0, hw.peak_tflops.bf16, sms, hw.hbm_GBps, batch, 128, 128, 4096, 2, 2, 2)
+        return float(t) / batch
+
+    # one GEMM more than the SMs: a whole wave more, or smaller tiles at a lower rate, whichever is
+    # faster - either way the grid of the batch, not each GEMM alone, decides
+    assert per_gemm_us(sms + 1) > 1.05 * per_gemm_us(sms)
+    assert per_gemm_us(2 * sms) == pytest.approx(per_gemm_us(sms), rel=0.02)
 
 
 def test_fp32_gemm_runs_at_tf32_peak():
-    hw = load_hardware("a100-sxm-80gb")
+    hw = load_hardware("b200-sxm")
+    g = hw.compute_model.gemm
     ratio = tflops(hw, gemm(8192, 8192, 8192, "bfloat16")) / tflops(hw, gemm(8192, 8192, 8192, "float32"))
-    assert ratio == pytest.approx(hw.peak_tflops.bf16 / hw.peak_tflops.tf32, rel=0.02)
+    expect = hw.peak_tflops.bf16 * g.bf16.peak_fraction / (hw.peak_tflops.tf32 * g.tf32.peak_fraction)
+    assert ratio == pytest.approx(expect, rel=0.05)
 
 
 def test_memory_bound_time_scales_with_bytes():
@@ -114,8 +123,9 @@ def test_attention_slower_than_gemm_and_causal_skips_half():
                       [q, q, q, 0.0, causal], dtype="bfloat16", flops=flops, nbytes=4 * 4 * 32 * 4096 * 128 * 2)
 
     full, causal = estimate(hw, attn(False)), estimate(hw, attn(True))
-    assert full.efficiency < hw.compute_model.matmul_efficiency
-    assert causal.duration_us == pytest.approx(full.duration_us / 2, rel=0.01)
+    assert full.efficiency < hw.compute_model.gemm.bf16.peak_fraction
+    # half the blocks, plus the diagonal and the fixed cost per CTA
+    assert causal.duration_us / full.duration_us == pytest.approx(0.5, abs=0.05)
     table = kernels_table([attn(True)], {attn(True).kernel_key: Result(causal.duration_us, "model", 0, "compute")})
     achieved = table["achieved_tflops"][0].as_py()
     assert achieved == pytest.approx(hw.peak_tflops.bf16 * causal.efficiency, rel=0.01)  # never above peak

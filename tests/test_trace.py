@@ -228,10 +228,12 @@ def test_llama_flops_and_tp_collectives(sequence_parallel, tmp_path):
 
 
 def test_zero3_gathers_each_layer_twice_and_reduce_scatters_it_once(tmp_path):
-    w = workload(tp=2, pp=2, dp=2, zero=3)
+    # pp 1: under pipelining FSDP2 keeps the stage gathered all step (torchtitan), which changes
+    # what the rank holds (tests/test_memory_model.py)
+    w = workload(tp=2, pp=1, dp=2, zero=3)
     tables = trace_ranks(w, [0], tmp_path)
     dp = [r for r in tables["comms"].to_pylist() if r["group_kind"] == "dp"]
-    layers = L // 2
+    layers = L
     # one block's local parameters under tp 2: qkv, proj, fc1, fc2 (+ biases) and two norms
     block = (3 * H * H + H * H + 4 * H * H + 4 * H * H) // 2 + (3 * H + 4 * H) // 2 + 2 * H + 4 * H
     gathers = [(r["phase"], r["bytes"]) for r in dp if r["op"] == "all_gather"]

@@ -24,6 +24,7 @@ from echo.config.loader import parse_workload
 from echo.errors import ConfigError
 from echo.training.data_parallel import bucket_members, buckets
 from echo.training.run import EVENTS
+from echo.validate import bridge
 from echo.validate.compare import COMPARE, compare_table
 from echo.validate.measure import (
     MEASURED,
@@ -213,15 +214,21 @@ def test_megatron_flop_formula_reproduces_the_published_mfu(reference):
 
 def test_generated_workload_files_are_current_and_valid(reference):
     rows = published_rows(reference)
-    # 10 SC21, 9 Megatron-Core; 4 Megatron-Bridge (gpt-oss-120b BF16 on H100; its fifth row's GA
-    # contradicts its GBS / (MBS x DP) and is left out)
-    assert Counter(r.source.key for r in rows) == {"sc21": 10, "mcore-h100": 9, "mbridge-h100": 4}
+    counts = Counter(r.source.key for r in rows)
+    # 10 SC21, 9 Megatron-Core; every Megatron-Bridge row is either a workload or left out with a reason
+    assert counts["sc21"] == 10 and counts["mcore-h100"] == 9
+    with (reference / "megatron_bridge_perf_all.csv").open() as f:
+        table = sum(1 for line in f if not line.startswith("#")) - 1
+    assert counts["mbridge"] + len(bridge.skipped(reference)) == table and counts["mbridge"] > 100
+    # every row carries the split its table declared
+    assert {r.split for r in rows if r.source.key == "mbridge"} == {"fit", "validation"}
+    assert [r.label for r in rows if r.split == "fit" and r.source.key == "mcore-h100"] == ["7.1B", "32B", "119B", "314B"]
     for row in rows:
         path = REPO / "config" / "workloads" / f"{row.name}.yaml"
         assert path.read_text() == workload_yaml(row), f"{path} is stale: run python -m echo.validate.published"
         w = load_workload(row.name)
         assert w.world_size == row.gpus
-        if row.source.key == "mbridge-h100":  # the row states VP; n/a is one chunk
+        if row.source.key == "mbridge":  # the row states VP; n/a is one chunk
             assert (w.parallel.schedule == "interleaved") == (w.parallel.virtual_stages > 1)
         else:  # SC21 and Megatron-Core interleave whenever they pipeline (ROW_DEFAULTS)
             assert (w.parallel.schedule == "interleaved") == (w.parallel.pp > 1)

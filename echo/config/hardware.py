@@ -1,4 +1,4 @@
-"""A GPU (or the local CPU): its peaks and the few efficiency parameters the compute model needs."""
+"""A GPU (or the local CPU): its peaks and the parameters of its kernel-time model, each with its provenance."""
 
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ class PeakTflops(BaseModel):
 
 
 class Provenance(BaseModel):
-    """Where one compute-model parameter comes from."""
+    """Where one compute-model parameter (or a group of them, named by its prefix) comes from."""
 
     model_config = _STRICT
     status: Literal["fitted", "transferred", "assumed", "datasheet"] = Field(
-        description="fitted: by echo.fit to published measurements of this GPU (compute_model.fitted_by); "
-                    "transferred: fitted on another GPU and carried over; assumed: a judgement; datasheet: a spec")
+        description="fitted: by echo.fit to published per-kernel measurements of this GPU's silicon "
+                    "(compute_model.fitted_by); transferred: fitted on another GPU and carried over; "
+                    "assumed: a judgement; datasheet: a spec")
     basis: str = Field(description="the measurements, the fit and its error, or the reasoning")
 
 
@@ -38,42 +39,134 @@ class FittedBy(BaseModel):
 
     model_config = _STRICT
     fit: str = Field(description="its report, results/fit/<hardware>.json: values, fit and held-out rows, inputs")
-    parameters: tuple[str, ...] = Field(min_length=1, strict=False, description="the parameters it fitted")
+    parameters: tuple[str, ...] = Field(min_length=1, strict=False, description="the parameters it fitted "
+                                        "(dotted names, as ComputeModel.parameter_names gives them)")
     code: str = Field(pattern="^[0-9a-f]{12}$", description="its code version (code_version('fit')); another today "
                       "makes the fit stale (echo.fit.stale_fits) until it is re-run and this file updated")
 
 
-class ComputeModel(BaseModel):
-    """Efficiency parameters of the roofline compute model, with where they came from."""
+class GemmRate(BaseModel):
+    """How one GEMM input format runs on the tensor cores (echo.profile.gemm_model)."""
 
     model_config = _STRICT
-    matmul_efficiency: float = Field(gt=0, le=1, description="best achievable fraction of peak for large GEMMs")
-    sustained_compute: float = Field(
-        1.0, gt=0, le=1, description="fraction of the burst GEMM rate (matmul_efficiency, a shape search's best "
-        "single GEMM) that GEMM and attention kernels sustain inside a training job (clocks under sustained "
-        "power, neighbouring kernels); 1 = the burst rate")
-    hbm_efficiency: float = Field(gt=0, le=1, description="achievable fraction of hbm_GBps for streaming kernels")
-    kernel_launch_us: float = Field(ge=0, description="fixed per-kernel floor (launch + tail), microseconds")
-    sm_count: PositiveInt = Field(description="streaming multiprocessors, for wave quantization")
+    peak_fraction: float = Field(gt=0, le=1, description="fraction of the format's dense tensor-core peak that a "
+                                 "CTA's main loop sustains with a large output tile (the rate K-deep work runs at)")
+    wave_overhead_us: float = Field(ge=0, description="fixed time of each wave of CTA tiles, microseconds: the "
+                                    "pipeline fill before the first MMA and the epilogue writing the output tile")
+    full_rate_reuse: float = Field(gt=0, description="operand reuse tm*tn/(tm+tn) (FLOPs per operand element "
+                                   "staged) at which a tile reaches peak_fraction; a smaller tile runs at "
+                                   "reuse/full_rate_reuse of it (its operand traffic, not the MMA, limits it)")
+
+
+class GemmModel(BaseModel):
+    """The GEMM kernel model: a launch floor plus waves of CTA tiles, per input format."""
+
+    model_config = _STRICT
+    launch_us: float = Field(ge=0, description="fixed time of a GEMM kernel beyond its waves of tiles "
+                             "(launch, grid scheduling), microseconds, as a profiler's kernel duration shows it")
+    bf16: GemmRate = Field(description="bf16 and fp16 inputs (the same tensor-core rate)")
+    tf32: GemmRate | None = Field(None, description="fp32 inputs on tf32 tensor cores")
+    fp8: GemmRate | None = Field(None, description="FP8 (E4M3/E5M2) inputs with per-tensor scales")
+    fp4: GemmRate | None = Field(None, description="NVFP4 inputs (E2M1 with 1x16 block scales, the FP4 peak)")
+    blockwise_fp8: float | None = Field(None, gt=0, le=1, description="main-loop rate of blockwise-scaled FP8 "
+                                        "(1x128 activation / 128x128 weight fp32 scales, DeepSeek style) relative "
+                                        "to fp8's: the scales are applied on CUDA cores outside the MMA")
+    mxfp8: float | None = Field(None, gt=0, le=1, description="main-loop rate of MXFP8 (1x32 E8M0 block scales) "
+                                "relative to fp8's")
+
+
+class AttentionModel(BaseModel):
+    """The flash-attention kernel model (echo.profile.attention_model), bf16/fp16 inputs."""
+
+    model_config = _STRICT
+    fwd_vs_gemm: float = Field(gt=0, le=1, description="rate of the forward's two GEMMs (QK^T, PV) relative to "
+                               "gemm.bf16.peak_fraction; flash kernels cannot beat the GPU's best GEMM")
+    bwd_vs_gemm: float = Field(gt=0, le=1, description="the same for the backward's five GEMMs")
+    fwd_cta_us: float = Field(ge=0, description="fixed time of one forward CTA (a block of 128 queries), "
+                              "microseconds: loading Q, the softmax epilogue, writing O and the log-sum-exp")
+    bwd_cta_us: float = Field(ge=0, description="fixed time of one backward CTA (a block of 128 keys), "
+                              "microseconds: loading K and V, writing dK and dV, draining the dQ accumulation")
+    softmax_headdim: float = Field(ge=0, description="the softmax's cost per score (exp, max, scaling) as extra "
+                                   "head-dim columns of MMA work: a head of dim d runs like d + softmax_headdim")
+    fp8_speedup: float | None = Field(None, ge=1, description="throughput of an FP8 flash kernel over the bf16 "
+                                      "one at the same shape; None: no FP8 attention (no FP8 tensor cores)")
+
+
+class ComputeModel(BaseModel):
+    """Parameters of the kernel-time model (echo.profile.roofline), with where each came from.
+
+    A GPU file gives ``gemm`` and ``attention`` (the per-format kernel models, fitted on per-kernel
+    measurements, echo.fit.kernels). A nominal device (the local CPU, whose kernels are measured;
+    synthetic test hardware) may give ``matmul_efficiency`` instead: every GEMM then runs at that
+    fraction of its dtype's peak with nominal tile constants, attention at the same rate."""
+
+    model_config = _STRICT
+    sm_count: PositiveInt = Field(description="streaming multiprocessors: CTAs run in waves of this many")
+    kernel_launch_us: float = Field(ge=0, description="fixed time of a non-GEMM kernel (launch to completion "
+                                    "of a tiny grid), microseconds: the floor of memory-bound kernels")
+    hbm_efficiency: float = Field(gt=0, le=1, description="fraction of hbm_GBps a streaming kernel reaches with "
+                                  "enough bytes in flight (the asymptote of an occupancy sweep)")
+    matmul_efficiency: float | None = Field(None, gt=0, le=1, description="nominal devices only (no gemm "
+                                            "section): the fraction of each dtype's peak every GEMM runs at")
+    gemm: GemmModel | None = Field(None, description="the GEMM kernel model (GPU files)")
+    attention: AttentionModel | None = Field(None, description="the flash-attention kernel model (GPU files)")
     source: str = Field("", description="provenance of these figures, in one line")
     provenance: dict[str, Provenance] = Field(
-        default_factory=dict, description="per parameter (matmul_efficiency, ...): fitted, transferred, assumed or datasheet")
+        default_factory=dict, description="per parameter (dotted name, e.g. gemm.bf16.peak_fraction) or group of "
+        "them (a prefix, e.g. gemm.bf16): fitted, transferred, assumed or datasheet")
     fitted_by: FittedBy | None = Field(None, description="the fit the parameters with provenance fitted come from")
 
-    @classmethod
-    def parameter_names(cls) -> list[str]:
-        return [p for p in cls.model_fields if p not in ("source", "provenance", "fitted_by")]
+    def parameter_names(self) -> list[str]:
+        """Every parameter this file sets (None-valued optional ones left out), dotted: sm_count, ...,
+        gemm.launch_us, gemm.bf16.peak_fraction, ..., attention.fwd_vs_gemm, ..."""
+        out = []
+        for name in type(self).model_fields:
+            if name in ("source", "provenance", "fitted_by"):
+                continue
+            value = getattr(self, name)
+            if value is not None:
+                out.extend(_leaves(name, value))
+        return out
+
+    def provenance_of(self, parameter: str) -> Provenance | None:
+        """The provenance of a dotted parameter: its own entry, else its nearest group's."""
+        parts = parameter.split(".")
+        for i in range(len(parts), 0, -1):
+            if ".".join(parts[:i]) in self.provenance:
+                return self.provenance[".".join(parts[:i])]
+        return None
+
+    def value(self, parameter: str):
+        """The value of a dotted parameter."""
+        out = self
+        for part in parameter.split("."):
+            out = getattr(out, part)
+        return out
 
     @model_validator(mode="after")
     def _provenance_names_parameters(self) -> ComputeModel:
-        params, named = self.parameter_names(), set(self.fitted_by.parameters if self.fitted_by else ())
-        unknown = sorted((set(self.provenance) | named) - set(params))
+        if (self.gemm is None) == (self.matmul_efficiency is None):
+            raise ValueError("give either gemm (a GPU's kernel model) or matmul_efficiency (a nominal device), "
+                             "not both or neither")
+        if self.gemm is not None and self.attention is None:
+            raise ValueError("a gemm section needs an attention section")
+        params = self.parameter_names()
+        groups = {".".join(p.split(".")[:i]) for p in params for i in range(1, p.count(".") + 1)}
+        named = set(self.fitted_by.parameters if self.fitted_by else ())
+        unknown = sorted((set(self.provenance) | named) - set(params) - groups)
         if unknown:
-            raise ValueError(f"provenance or fitted_by of unknown parameters {unknown}; parameters: {', '.join(sorted(params))}")
+            raise ValueError(f"provenance or fitted_by of unknown parameters {unknown}; parameters: {', '.join(params)}")
         fitted = {p for p, v in self.provenance.items() if v.status == "fitted"}
         if fitted != named:
             raise ValueError(f"provenance says fitted for {sorted(fitted)}, fitted_by names {sorted(named)}")
         return self
+
+
+def _leaves(prefix: str, value) -> list[str]:
+    if isinstance(value, BaseModel):
+        return [leaf for f in type(value).model_fields if getattr(value, f) is not None
+                for leaf in _leaves(f"{prefix}.{f}", getattr(value, f))]
+    return [prefix]
 
 
 class Hardware(BaseModel):

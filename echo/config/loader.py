@@ -103,8 +103,29 @@ def load_topology(name: str, root: Path | None = None) -> Topology:
 
 
 def check_placement(workload: Workload, topology: Topology, topology_path: Path | str) -> None:
-    """A job larger than a node must fill whole nodes."""
-    n, g = workload.world_size, topology.gpus_per_node
-    if n > g and n % g:
-        raise ConfigError(topology_path, "gpus_per_node",
-                          f"world size {n} of workload '{workload.name}' is above {g} and not a multiple of it")
+    """A job larger than a node must fill whole nodes (``ranks_per_node`` GPUs of each)."""
+    problem = topology.placement_problem(workload.world_size)
+    if problem:
+        raise ConfigError(topology_path, problem[0], f"workload '{workload.name}': {problem[1]}")
+
+
+def check_numerics(workload: Workload, hardware: Hardware, hardware_path: Path | str) -> None:
+    """The workload's precision runs on the hardware's tensor cores: FP8 needs FP8 tensor cores
+    (Hopper on), the block-scaled MXFP8 and NVFP4 recipes the block-scaled tensor cores that came
+    with FP4 (Blackwell). A cpu hardware file times kernels for real: its CPU runs per-tensor FP8
+    GEMMs only (torch's CPU _scaled_mm takes no block scales)."""
+    t, peaks = workload.training, hardware.peak_tflops
+    if t.dtype != "fp8":
+        return
+    if hardware.kind == "cpu":
+        if t.fp8_recipe not in ("delayed", "current"):
+            raise ConfigError(hardware_path, "kind", f"fp8_recipe {t.fp8_recipe} of workload '{workload.name}' "
+                              "needs a GPU: this CPU times per-tensor FP8 GEMMs only (delayed, current)")
+        return
+    if peaks.fp8 is None:
+        raise ConfigError(hardware_path, "peak_tflops.fp8",
+                          f"workload '{workload.name}' trains in FP8; this GPU has no FP8 tensor cores")
+    if t.fp8_recipe in ("mxfp8", "nvfp4") and peaks.fp4 is None:
+        raise ConfigError(hardware_path, "peak_tflops.fp4",
+                          f"fp8_recipe {t.fp8_recipe} of workload '{workload.name}' needs block-scaled (MX / NV) tensor "
+                          "cores, which came with FP4 (Blackwell); this GPU has none (no fp4 peak)")

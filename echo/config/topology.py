@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+# NCCL's tuner (src/graph/tuning.cc): NVLS and NVLS-tree cost 25 us on NVLink whatever the number
+# of ranks; the switch's reduction delivers 0.85 (Hopper) or 0.74 (Blackwell) of the links.
+NVLS_LATENCY_US = 25.0
+NVLS_EFFICIENCY = 0.85
+
+
+def parse_nccl_list(setting: str, names: Mapping[str, str | None], variable: str) -> frozenset[str]:
+    """What an NCCL_ALGO / NCCL_PROTO value leaves, as NCCL parses it: comma-separated names,
+    case-insensitive; a leading ``^`` keeps all but those. ``names``: NCCL's name (lower case) ->
+    Echo's (None: one NCCL has that Echo does not model). A ValueError names what is wrong."""
+    text = setting.strip()
+    exclude = text.startswith("^")
+    tokens = [t.strip().lower() for t in text.lstrip("^").split(",") if t.strip()]
+    if ":" in text:
+        raise ValueError(f"{variable}={setting!r}: per-collective settings ('allreduce:...') are not modelled; "
+                         "give one list for all collectives")
+    unknown = [t for t in tokens if t not in names]
+    if not tokens or unknown:
+        raise ValueError(f"{variable}={setting!r}: unknown name(s) {', '.join(unknown) or '(none given)'}; "
+                         f"NCCL knows {', '.join(names)}")
+    chosen = {names[t] for t in tokens} - {None}
+    known = {v for v in names.values() if v}
+    return frozenset(known - chosen if exclude else chosen)
 
 
 class IntraNode(BaseModel):
@@ -16,6 +50,10 @@ class IntraNode(BaseModel):
     bandwidth_GBps: PositiveFloat = Field(description="per GPU per direction")
     latency_us: float = Field(ge=0, description="per-hop latency")
     nvls: bool = Field(False, description="NVLink SHARP (in-switch reduction) available")
+    nvls_latency_us: float = Field(NVLS_LATENCY_US, ge=0, description="one NVLS all-reduce's fixed cost, the "
+                                   "switch's: the same for any number of GPUs (default NCCL's tuner figure)")
+    nvls_efficiency: float = Field(NVLS_EFFICIENCY, gt=0, le=1, description="share of the links an NVLS "
+                                   "all-reduce gets (NCCL's tuner: 0.85 Hopper, 0.74 Blackwell)")
     ll128: bool = Field(True, description="NCCL's LL128 protocol available (NVLink nodes)")
 
 
@@ -48,6 +86,34 @@ class Pipeline(BaseModel):
     model_config = _STRICT
     fill_MB: float = Field(0.0, ge=0)
     fill_slowdown: float = Field(1.0, ge=1)
+
+
+class Nccl(BaseModel):
+    """NCCL settings the job runs with, as its environment variables would set them."""
+
+    model_config = _STRICT
+    algo: str | None = Field(None, description="NCCL_ALGO, e.g. Ring, 'Ring,Tree', ^NVLS (default: NCCL's choice)")
+    proto: str | None = Field(None, description="NCCL_PROTO, e.g. Simple, ^LL128 (default: NCCL's choice)")
+
+    @field_validator("algo")
+    @classmethod
+    def _known_algo(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_nccl_list(value, NCCL_ALGO_NAMES, "NCCL_ALGO")
+        return value
+
+    @field_validator("proto")
+    @classmethod
+    def _known_proto(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_nccl_list(value, NCCL_PROTO_NAMES, "NCCL_PROTO")
+        return value
+
+
+# NCCL's names as parse_nccl_list takes them (echo.network.costs keeps the same mapping)
+NCCL_ALGO_NAMES = {"ring": "ring", "tree": "tree", "nvls": "nvls", "nvlstree": "nvls_tree",
+                    "collnetdirect": None, "collnetchain": None, "pat": None}
+NCCL_PROTO_NAMES = {"ll": "LL", "ll128": "LL128", "simple": "simple"}
 
 
 class Calibration(BaseModel):
@@ -86,11 +152,42 @@ class Topology(BaseModel):
     model_config = _STRICT
     name: str
     description: str = ""
-    gpus_per_node: PositiveInt
+    gpus_per_node: PositiveInt = Field(description="GPUs of one node: one NVLink domain (a server, or an NVL72 rack)")
+    ranks_per_node: PositiveInt | None = Field(
+        None, description="GPUs of each node a job's ranks fill, in rank order, the others left idle (default: "
+        "gpus_per_node). GB200/GB300 NVL72 jobs commonly run 64 of a rack's 72 GPUs (16 of 18 compute trays) so "
+        "that power-of-two TP/EP groups stay in one rack")
     intra_node: IntraNode
     inter_node: InterNode
     bus_efficiency: float = Field(0.8, gt=0, le=1, description="achievable fraction of link bandwidth for large collectives")
     protocols: dict[Literal["LL", "LL128", "simple"], ProtocolFigures] | None = Field(
         None, description="NCCL protocol costs; default: derived from the hop latencies")
     pipeline: Pipeline = Pipeline()
+    nccl: Nccl = Nccl()
     calibration: Calibration = Calibration()
+
+    @model_validator(mode="after")
+    def _ranks_fit_a_node(self) -> Topology:
+        if self.ranks_per_node is not None and self.ranks_per_node > self.gpus_per_node:
+            raise ValueError(f"ranks_per_node {self.ranks_per_node} is more than the node's gpus_per_node "
+                             f"{self.gpus_per_node}")
+        return self
+
+    @property
+    def node_ranks(self) -> int:
+        """GPUs of each node a job fills: rank r runs on node r // node_ranks."""
+        return self.ranks_per_node or self.gpus_per_node
+
+    def placement_problem(self, world_size: int) -> tuple[str, str] | None:
+        """(key, reason) when a job of ``world_size`` ranks cannot be placed on this topology's nodes,
+        else None: a job larger than one node fills whole nodes, ``node_ranks`` GPUs on each."""
+        g = self.node_ranks
+        if world_size <= g or world_size % g == 0:
+            return None
+        key = "ranks_per_node" if self.ranks_per_node is not None else "gpus_per_node"
+        used = (f"{g} of each node's {self.gpus_per_node} GPUs" if g != self.gpus_per_node
+                else f"all {g} GPUs of each node")
+        hint = "" if self.ranks_per_node is not None else (
+            "; a job may use part of each node: set ranks_per_node (e.g. 64 of an NVL72 rack's 72)")
+        return key, (f"world size {world_size} is above {g} and not a multiple of it: a job larger than a node "
+                     f"fills whole nodes, {used}{hint}")

@@ -9,19 +9,28 @@ from echo.config import Hardware, load_topology
 from echo.config.hardware import ComputeModel
 from echo.network import NetworkModel
 
-FIT_BOUNDS = {"hbm_efficiency": (0.3, 1.0), "matmul_efficiency": (0.3, 1.0), "sustained_compute": (0.5, 1.0)}
+# bounds of the parameters a whole-job or per-layer fit may vary (echo.fit.step, echo.fit.compute: today
+# their machinery validates the kernel model and fits nothing by default)
+FIT_BOUNDS = {"hbm_efficiency": (0.3, 1.0), "gemm.bf16.peak_fraction": (0.3, 1.0), "matmul_efficiency": (0.3, 1.0)}
 
 
-def with_params(hw: Hardware, **params) -> Hardware:
-    """``hw`` with compute-model parameters replaced (validated like the file)."""
+def with_params(hw: Hardware, params: dict | None = None, **kwargs) -> Hardware:
+    """``hw`` with compute-model parameters replaced (dotted names in ``params``, e.g.
+    gemm.bf16.peak_fraction; plain ones also as keywords), validated like the file."""
     cm = hw.compute_model.model_dump()
-    cm.update(params)
+    for name, value in {**(params or {}), **kwargs}.items():
+        *path, leaf = name.split(".")
+        node = cm
+        for part in path:
+            node = node[part]
+        node[leaf] = value
     return Hardware.model_validate({**hw.model_dump(), "compute_model": cm})
 
 
 def parameters(hw: Hardware) -> dict:
-    """Every compute-model parameter of ``hw``, by name."""
-    return {p: getattr(hw.compute_model, p) for p in ComputeModel.parameter_names()}
+    """Every compute-model parameter of ``hw``, by dotted name."""
+    cm: ComputeModel = hw.compute_model
+    return {p: cm.value(p) for p in cm.parameter_names()}
 
 
 def network_model(topology: str, network_json: Path | None = None) -> NetworkModel:

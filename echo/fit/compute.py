@@ -1,22 +1,18 @@
-"""The roofline's efficiency parameters of a GPU fitted to published kernel and layer measurements.
+"""The kernel model checked against published per-layer measurements (and the GEMM helpers the tests use).
 
-Each measurement is reproduced the way the simulator would predict it:
-
-- The best GEMM throughput a shape search found (reference ``hardware.csv``,
-  ``best_measured_bf16_matmul_tflops``). The model's best case is the largest throughput over a
-  grid of large bf16 GEMM shapes (as a shape search would find it); ``matmul_efficiency`` is
-  solved in closed form so that this best case equals the measurement.
-- One transformer layer of a 22B GPT on a DGX A100 (Korthikanti et al. 2022, Table 4: h 6144,
-  64 heads, s 2048, micro-batch 4, TP8), forward and backward under no / selective / full
-  recompute, with and without sequence parallelism. Each row is reproduced by tracing that very
-  layer with Echo's own tracer (the workload with 1 and with 2 layers: the difference is one
-  layer, without embedding, LM head and loss), costing every kernel with the roofline and every
-  TP collective with ``echo.network.NetworkModel`` on the ``dgx-a100-hdr`` topology, and summing
-  (the trace marks TP collectives blocking: the compute stream waits for each). The measured stack
-  was Megatron-LM of 2022, whose attention was unfused (QK^T GEMM, softmax, dropout, PV GEMM), so
-  the traced workload says ``attention: math`` (a property of the software measured, not a fitted
-  parameter); see KORTHIKANTI_MODEL for dropout. ``hbm_efficiency`` is fitted on the rows of the
-  fit split (least squares on relative error); the other rows are held out and only reported.
+No parameter is fitted here any more: the kernel model's parameters come from per-kernel tables
+(echo.fit.kernels). What stays is the reproduction of one transformer layer of a 22B GPT on a DGX
+A100 (Korthikanti et al. 2022, Table 4: h 6144, 64 heads, s 2048, micro-batch 4, TP8), forward and
+backward under no / selective / full recompute, with and without sequence parallelism - a
+validation of the kernel model on whole layers. Each row is reproduced by tracing that very layer
+with Echo's own tracer (the workload with 1 and with 2 layers: the difference is one layer, without
+embedding, LM head and loss), costing every kernel with echo.profile.roofline and every TP
+collective with ``echo.network.NetworkModel`` on the ``dgx-a100-hdr`` topology, and summing (the
+trace marks TP collectives blocking: the compute stream waits for each). The measured stack was
+Megatron-LM of 2022, whose attention was unfused (QK^T GEMM, softmax, dropout, PV GEMM), so the
+traced workload says ``attention: math`` (a property of the software measured, not a parameter);
+see KORTHIKANTI_MODEL for dropout. ``fit_layers`` (least squares of one parameter on the FIT_ROWS)
+is kept for studies; ``make fit`` does not run it and no shipped value comes from it.
 """
 
 from __future__ import annotations
@@ -41,7 +37,8 @@ from echo.profile.stage import distinct_kernels
 from echo.trace import check_traceable, trace_ranks
 
 # --- published measurements (copied from the reference folder; check_reference() compares) -----
-# hardware.csv: best_measured_bf16_matmul_tflops, by the hardware file that describes that GPU
+# hardware.csv: best_measured_bf16_matmul_tflops, by the hardware file that describes that GPU (an
+# extrapolation check of the GEMM model, echo.fit.kernels)
 BEST_GEMM_TFLOPS = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5, "h200-sxm-141gb": 794.5, "b200-sxm": 1745.0}
 HARDWARE_CSV_GPU = {"a100-sxm-80gb": "A100 SXM4 80GB", "h100-sxm-80gb": "H100 SXM5 80GB",
                     "h200-sxm-141gb": "H200 SXM 141GB", "b200-sxm": "B200 SXM"}
@@ -87,10 +84,6 @@ KORTHIKANTI_TOPOLOGY = "dgx-a100-hdr"
 # fit rows cover both tensor-parallel layouts; the held-out ones are the three recompute variants.
 FIT_ROWS = ("baseline no recompute", "sequence parallelism")
 
-# Large bf16 GEMMs a shape search over (M, N, K) would try: multiples of 1024 up to 16384 in M and
-# N and K in {4096, 8192, 16384} (mamf-finder's range, ml-engineering compute/accelerator).
-GEMM_SEARCH_MN = tuple(range(1024, 16385, 1024))
-GEMM_SEARCH_K = (4096, 8192, 16384)
 
 
 # --- reference data ---------------------------------------------------------------------------
@@ -118,26 +111,9 @@ def check_reference(reference_dir: Path, hardware: str | None = None) -> list[st
     return problems
 
 
-# --- GEMM ceiling -----------------------------------------------------------------------------
-def best_gemm(hw: Hardware) -> tuple[float, tuple[int, int, int]]:
-    """(TFLOP/s, (M, N, K)) of the fastest bf16 GEMM of the search grid under the model, at the
-    burst rate a shape search measures (see gemm_tflops)."""
-    hw = with_params(hw, sustained_compute=1.0)  # once, not per shape
-    best, shape = 0.0, (0, 0, 0)
-    for m in GEMM_SEARCH_MN:
-        for n in GEMM_SEARCH_MN:
-            for k in GEMM_SEARCH_K:
-                t = gemm_tflops(hw, m, n, k)
-                if t > best:
-                    best, shape = t, (m, n, k)
-    return best, shape
-
-
+# --- GEMM helpers -----------------------------------------------------------------------------
 def gemm_tflops(hw: Hardware, m: int, n: int, k: int, dtype: str = "bfloat16", batch: int = 1) -> float:
-    """Modelled throughput of one (batched) GEMM, TFLOP/s, timed alone as a GEMM benchmark does: at
-    the burst rate (sustained_compute 1), which hardware.csv's measurements are."""
-    if hw.compute_model.sustained_compute != 1.0:
-        hw = with_params(hw, sustained_compute=1.0)
+    """Modelled throughput of one (batched) GEMM, TFLOP/s."""
     kern = gemm_kernel(m, n, k, dtype, batch)
     return kern.flops / roofline.estimate(hw, kern).duration_us / 1e6
 
@@ -149,27 +125,6 @@ def gemm_kernel(m: int, n: int, k: int, dtype: str = "bfloat16", batch: int = 1)
     args = json.dumps({"args": [{"T": a, "dt": dtype}, {"T": b, "dt": dtype}], "kwargs": {}})
     return Kernel(f"{name}|{args}", name, "gemm", "compute", json.dumps([a, b]), dtype,
                   2.0 * m * n * k * batch, float(size * (m * k + k * n + m * n) * batch), args)
-
-
-def fit_matmul_efficiency(hw: Hardware, measured_tflops: float) -> float:
-    """The matmul_efficiency whose model best case over the search grid equals the measurement
-    (the best case is proportional to it while GEMMs of the grid stay compute-bound)."""
-    probe = with_params(hw, matmul_efficiency=1.0)
-    best, _ = best_gemm(probe)
-    # the launch floor makes the relation slightly non-linear: refine once
-    eff = measured_tflops / best
-    got, _ = best_gemm(with_params(hw, matmul_efficiency=min(eff, 1.0)))
-    return min(1.0, eff * measured_tflops / got)
-
-
-def fit_gemm(hw: Hardware) -> tuple[Hardware, dict]:
-    """``hw`` with matmul_efficiency fitted to hardware.csv's best GEMM, and the fit's figures."""
-    measured = BEST_GEMM_TFLOPS[hw.name]
-    hw = with_params(hw, matmul_efficiency=round(fit_matmul_efficiency(hw, measured), 4))
-    best, shape = best_gemm(hw)
-    return hw, {"matmul_efficiency": hw.compute_model.matmul_efficiency, "row": f"{HARDWARE_CSV}: {HARDWARE_CSV_GPU[hw.name]}",
-                "measured_tflops": measured,
-                "model_best_tflops": best, "best_shape": shape, "error_pct": 100 * (best / measured - 1)}
 
 
 # --- one layer, traced --------------------------------------------------------------------------

@@ -1,16 +1,15 @@
-"""A GPU's compute model fitted to whole jobs' published step times (H100).
+"""The kernel model checked against whole jobs' published step times (H100): machinery, fitting nothing.
 
-No per-layer H100 measurement is published in the reference folder; the Megatron-Core r0.8.0
-table (megatron_core_h100.csv, echo.validate.published) gives whole jobs' step times. Each row is
-reproduced the way the workflow predicts it: the row's workload (config/workloads/
-mcore-h100-gpt-*.yaml, overlap flags included) traced and deduplicated by the workflow, every
-kernel costed by the roofline with the candidate parameters, the step simulated end to end
-(echo.simulate.run_simulate, symmetric mode) with the dgx-h100-ndr network model of the
-calibrate stage. ``sustained_compute`` (the share of the burst GEMM rate, ``matmul_efficiency``
-fitted on hardware.csv's shape-search best, that GEMM and attention kernels sustain in a job) is
-fitted (least squares on the relative step-time error, as for Table 4 in echo.fit.compute) on the
-table's even rows (``STEP_FIT_ROWS``, 2nd, 4th, 6th, 8th by model size); the odd rows are held
-out and only reported.
+The Megatron-Core r0.8.0 table (megatron_core_h100.csv, echo.validate.published) gives whole jobs'
+step times. Each row is reproduced the way the workflow predicts it: the row's workload
+(config/workloads/mcore-h100-gpt-*.yaml, overlap flags included) traced and deduplicated by the
+workflow, every kernel costed by echo.profile.roofline, the step simulated end to end
+(echo.simulate.run_simulate, symmetric mode) with the dgx-h100-ndr network model of the calibrate
+stage. ``fit_steps`` can still fit compute-model parameters (least squares on the relative step-time
+error of ``STEP_FIT_ROWS``, the odd rows held out), but by default it fits none
+(``STEP_FIT_PARAMS`` is empty): a kernel parameter fitted on step times would absorb everything
+else the simulation gets wrong (it did: ``sustained_compute`` 0.914 on H100, removed), so the kernel
+model's parameters come from per-kernel tables only (echo.fit.kernels) and step times validate it.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from echo.validate.published import MCORE, Row, source_rows
 STEP_SOURCE = MCORE  # the published table, and the hardware and topology it ran on
 STEP_HARDWARE, STEP_TOPOLOGY = MCORE.hardware, MCORE.topology
 STEP_FIT_ROWS = ("7.1B", "32B", "119B", "314B")
-STEP_FIT_PARAMS = ("sustained_compute",)
+STEP_FIT_PARAMS: tuple[str, ...] = ()  # no compute-model parameter is fitted on step times
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,11 @@ def fit_step_times(hw: Hardware, cases: Sequence[StepCase], network, params: Seq
     3 decimals; one parameter: bounded scalar search, more: Nelder-Mead from the file's values)."""
     from scipy.optimize import minimize, minimize_scalar
 
+    if not params:
+        return {}
+
     def loss(values) -> float:
-        h = with_params(hw, **{p: float(v) for p, v in zip(params, values, strict=True)})
+        h = with_params(hw, {p: float(v) for p, v in zip(params, values, strict=True)})
         got = step_times(h, cases, network, topology)
         return sum((got[c.label] / c.measured_step_s - 1) ** 2 for c in cases)
 
@@ -100,7 +102,7 @@ def fit_step_times(hw: Hardware, cases: Sequence[StepCase], network, params: Seq
         res = minimize_scalar(lambda v: loss([v]), bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
         values = [res.x]
     else:
-        start = [getattr(hw.compute_model, p) for p in params]
+        start = [hw.compute_model.value(p) for p in params]
         res = minimize(loss, start, method="Nelder-Mead", bounds=[FIT_BOUNDS[p] for p in params],
                        options={"xatol": 1e-4, "fatol": 1e-6})
         values = list(res.x)
@@ -117,7 +119,7 @@ def fit_steps(hw: Hardware, cases: Sequence[StepCase], network, fit_rows: Sequen
     if 2 * len(fit_cases) > len(cases):
         raise ValueError(f"fitting on {len(fit_cases)} of {len(cases)} rows: at most half may be fitted")
     fitted = fit_step_times(hw, fit_cases, network, params)
-    hw = with_params(hw, **fitted)
+    hw = with_params(hw, fitted)
     got = step_times(hw, cases, network)
     rows = [{"label": c.label, "split": "fit" if c.label in fit_rows else "held-out", "predicted_s": got[c.label],
              "measured_s": c.measured_step_s, "error_pct": 100 * (got[c.label] / c.measured_step_s - 1)}

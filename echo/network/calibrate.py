@@ -18,7 +18,8 @@ Where the costs come from (``topology.calibration.source``):
 - ``nccl_tests``: the nccl-tests logs the topology names (``echo.network.nccl_tests``), fitted
   per tier (``echo.network.fit.fit_nccl_tests``). The fit summary holds each log's accuracy
   (mean/max error from 1 MiB, latency floor) and, for every multi-node log, a leave-one-out
-  check: refit without it and predict it.
+  check: refit without it and predict it, and (logs of two or more node counts) a
+  leave-one-node-count-out check: refit without every log of one node count and predict them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from echo.network.fit import (
     fit_api_overheads,
     fit_nccl_tests,
     fit_params,
+    leave_node_count_out,
     leave_one_out,
     runs_from_measurements,
 )
@@ -56,7 +58,7 @@ OUTPUTS = ("collectives.parquet", "network.json", "measurements.parquet", "busbw
 def group_shapes(topology: Topology, extra: tuple[Shape, ...] = ()) -> list[Shape]:
     """Collective group shapes: 2, 4, ... GPUs of one node, then 2/4/16 nodes (full or one GPU
     each), and any ``extra`` (measured) shapes."""
-    gpn = topology.gpus_per_node
+    gpn = topology.node_ranks
     single = {n for n in (2 << i for i in range(gpn.bit_length())) if n <= gpn} | {gpn}
     shapes = {Shape(n, 1, n) for n in single if n >= 2}
     for m in MULTI_NODE_COUNTS:
@@ -89,7 +91,8 @@ def _gloo_measurements(bench: pa.Table) -> pa.Table:
             "gpus": gpus, "nodes": [1] * n, "gpus_per_node": gpus, "gpus_per_thread": [1] * n, "bytes": sizes, "count": sizes // 4,
             "dtype": ["float"] * n, "redop": ["sum"] * n, "placement": ["out_of_place"] * n, "time_us": times,
             "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "error": [None] * n, "wrong": [None] * n,
-            "warmup_iters": [None] * n, "iters": [None] * n, "device": ["cpu"] * n}
+            "warmup_iters": [None] * n, "iters": [None] * n, "device": ["cpu"] * n,
+            "nccl_algo": [None] * n, "nccl_proto": [None] * n}
     return pa.table(cols, schema=MEASUREMENTS)
 
 
@@ -147,6 +150,7 @@ def calibrated_model(topology: Topology, logs: list[str | Path] | None = None, *
         multi = [r for r in runs if r.shape.nodes > 1]
         if holdout:
             summary["leave_one_out"] = [leave_one_out(base, runs, held) for held in multi if len(multi) > 1]
+            summary["leave_node_count_out"] = leave_node_count_out(base, runs)
         return NetworkModel(topology, params, "fitted", summary), measured
     return NetworkModel(topology), MEASUREMENTS.empty_table()
 

@@ -25,8 +25,20 @@ the busiest node moves ``2 S`` over its NICs, at each protocol's ``tree_efficien
 (NCCL's tuner: 0.9, uneven load). On two nodes the busiest node moves only ``S``, but NCCL's
 tuner caps tree bandwidth (``maxTreeBw``) so that large messages still run as rings; the model
 charges ``2 S`` on any node count, which keeps a tree's bandwidth a ring's x tree_efficiency and
-lets trees win, as in NCCL, by their ``log2`` latency. NVLS (NVLink SHARP, in-switch reduction, one node) moves ``(n+1)/n`` at
-``nvls_efficiency`` of the links. All-to-all is ``n-1`` rounds of pairwise exchange whose NVLink
+lets trees win, as in NCCL, by their ``log2`` latency.
+
+NVLS (NVLink SHARP: the NVSwitch reduces and multicasts) is an all-reduce of one NVLink domain:
+each GPU moves ``(n+1)/n`` per message byte over its port (reduce-scatter through the switch,
+then a multicast all-gather) at ``nvls_efficiency`` of the links, and its latency is the
+switch's, ``nvls_latency_us``, the same for 4 GPUs as for 72: the GPUs do not pass the data
+along a chain of peers (NCCL's tuner: 25 us on NVLink for NVLS and NVLS-tree, whatever the
+number of ranks). That is what keeps small all-reduces over a 72-GPU NVL72 rack in tens of
+microseconds where a ring's 2(n-1) steps would take hundreds. Across nodes NVLS-tree runs NVLS
+inside each node and a double binary tree of the nodes over the NICs, each GPU carrying its
+1/k shard through its own NIC: ``(k+1)/k`` over NVLink, ``2/k`` over the NICs (``1/k`` on two
+nodes, where each node is the root of one tree and the leaf of the other: NCCL's tuner doubles
+NVLS-tree's network bandwidth on up to two nodes), latency ``nvls_latency_us + 2 log2(m)``
+network hops. Both run the simple protocol only, and need two or more GPUs of a node. All-to-all is ``n-1`` rounds of pairwise exchange whose NVLink
 and NIC parts overlap (each GPU's remote traffic goes through its own NIC: about one NIC per
 peer); broadcast/reduce are a pipelined chain; send/recv one hop over NVLink or the GPU's NIC.
 
@@ -36,6 +48,13 @@ transfers overlap.
 
 A gloo benchmark fit (``op_links``) replaces the intra-node figures with measured per-step
 latency and bandwidth per op, with the single protocol the benchmark exercised.
+
+A job (or a measurement) may force NCCL's choice as ``NCCL_ALGO`` / ``NCCL_PROTO`` do
+(``NetworkParams.nccl_algo``, ``nccl_proto``; the topology's ``nccl:`` section): only the
+candidates of the listed algorithms (``Ring``, ``Tree``, ``NVLS``, ``NVLSTree``; ``^`` excludes)
+and protocols (``LL``, ``LL128``, ``Simple``) stay; all-to-all and send/recv, which NCCL runs as
+peer-to-peer transfers, are left to the protocol setting only. A setting that leaves a
+collective nothing to run is an error, as in NCCL.
 """
 
 from __future__ import annotations
@@ -47,7 +66,14 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from echo.config.topology import Topology
+from echo.config.topology import (
+    NCCL_ALGO_NAMES,
+    NCCL_PROTO_NAMES,
+    NVLS_EFFICIENCY,
+    NVLS_LATENCY_US,
+    Topology,
+    parse_nccl_list,
+)
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send", "recv")
 P2P_OPS = ("send", "recv")
@@ -65,7 +91,6 @@ NOMINAL_PROTOCOLS = {
     "LL128": {"hop_factor": 1.5, "bw_fraction": 0.92},
     "simple": {"hop_factor": 2.0, "bw_fraction": 1.0},
 }
-NVLS_EFFICIENCY = 0.85  # NCCL's tuner figure for Hopper switches: the switch's reduction rate limits it
 TREE_EFFICIENCY = 0.9   # NCCL's tuner figure: trees load links unevenly
 _GBPS_TO_BYTES_PER_US = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/us
 
@@ -134,6 +159,10 @@ class NetworkParams:
     fill_bytes: float = 0.0     # pipeline fill (link bytes), see the module docstring
     fill_slowdown: float = 1.0
     nvls_efficiency: float = NVLS_EFFICIENCY
+    nvls_latency_us: float = NVLS_LATENCY_US  # an NVLS (or NVLS-tree's in-node) pass, whatever the GPUs
+    # NCCL_ALGO / NCCL_PROTO as the job sets them ("" = NCCL's own choice), e.g. "Ring", "^LL128"
+    nccl_algo: str = ""
+    nccl_proto: str = ""
     # CPU time one thread spends launching a collective on one GPU. nccl-tests -g N queues its
     # iterations back to back, so its times are at least N x launch_us; jobs with one process
     # per GPU (what is simulated) issue ahead of the GPU and never see this floor.
@@ -163,6 +192,8 @@ class NetworkParams:
                                  f"got {sorted(proto)}")
         if self.fill_slowdown < 1 or self.fill_bytes < 0:
             raise ValueError("network params: fill_slowdown must be >= 1 and fill_bytes >= 0")
+        allowed_algorithms(self.nccl_algo)  # a setting NCCL would not parse fails here, not mid-simulation
+        allowed_protocols(self.nccl_proto)
 
     @classmethod
     def from_topology(cls, topo: Topology) -> NetworkParams:
@@ -179,18 +210,27 @@ class NetworkParams:
                 for name, c in NOMINAL_PROTOCOLS.items() if name != "LL128" or topo.intra_node.ll128
             }
         return cls(
-            gpus_per_node=topo.gpus_per_node,
+            gpus_per_node=topo.node_ranks,
             intra_bw_GBps=topo.intra_node.bandwidth_GBps * topo.bus_efficiency,
+            # each GPU its own share of its node's NICs (idle GPUs of a partly used node leave theirs idle)
             nic_bw_GBps=nic_node_GBps / topo.gpus_per_node / topo.inter_node.oversubscription,
             nvls=topo.intra_node.nvls,
             protocols=protocols,
             fill_bytes=topo.pipeline.fill_MB * 1e6,
             fill_slowdown=topo.pipeline.fill_slowdown,
+            nvls_efficiency=topo.intra_node.nvls_efficiency,
+            nvls_latency_us=topo.intra_node.nvls_latency_us,
+            nccl_algo=topo.nccl.algo or "",
+            nccl_proto=topo.nccl.proto or "",
         )
 
     @classmethod
     def from_dict(cls, data: dict) -> NetworkParams:
         return cls(**data)
+
+    def forcing(self, algo: str | None, proto: str | None) -> NetworkParams:
+        """A copy with NCCL_ALGO / NCCL_PROTO as given (None or "": NCCL's own choice)."""
+        return replace(self, nccl_algo=algo or "", nccl_proto=proto or "")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -279,16 +319,30 @@ def _tree(params: NetworkParams, s: Shape, name: str, proto: dict) -> Candidate:
 
 
 def _nvls(params: NetworkParams, s: Shape) -> Candidate:
-    """NVLink SHARP all-reduce inside one node (simple protocol only, as in NCCL): the two phases
-    (reduce-scatter through the switch, multicast all-gather) each end in a barrier signalled
-    peer by peer."""
+    """NVLink SHARP all-reduce inside one NVLink domain (simple protocol only, as in NCCL):
+    reduce-scatter through the switch, then a multicast all-gather; the switch's latency,
+    the same on any number of GPUs (module docstring)."""
     n = s.gpus
-    proto = params.protocols.get("simple") or next(iter(params.protocols.values()))
-    latency = proto["base_us"] + (n - 1) * proto["intra_hop_us"]
     bw = params.intra_bw_GBps * params.nvls_efficiency
     traffic = (n + 1) / n
-    return Candidate("nvls", "simple", latency, bw * _GBPS_TO_BYTES_PER_US, traffic,
+    return Candidate("nvls", "simple", params.nvls_latency_us, bw * _GBPS_TO_BYTES_PER_US, traffic,
                      params.fill_bytes, params.fill_slowdown, traffic, 0.0)
+
+
+def _nvls_tree(params: NetworkParams, s: Shape) -> Candidate:
+    """NCCL's NVLS-tree all-reduce across nodes: NVLS inside each node, a double binary tree of
+    the nodes on each GPU's 1/k shard through its own NIC (simple protocol only)."""
+    k, m = s.per_node, s.nodes
+    proto = params.protocols.get("simple") or next(iter(params.protocols.values()))
+    latency = params.nvls_latency_us + 2 * math.ceil(math.log2(m)) * proto["inter_hop_us"]
+    nvlink = (k + 1) / k
+    nic = (1.0 if m <= 2 else TREE_NIC_TRAFFIC) / k
+    per_byte = max(nvlink / (params.intra_bw_GBps * params.nvls_efficiency),
+                   nic / (params.nic_bw_GBps * proto["bw_fraction"] * proto["tree_efficiency"])) / _GBPS_TO_BYTES_PER_US
+    # traffic 2, as a tree's (nccl-tests' tree convention), for the pipeline fill
+    return Candidate("nvls_tree", "simple", latency, 2.0 / per_byte, 2.0,
+                     _fill(params, 2.0 / per_byte / _GBPS_TO_BYTES_PER_US, params.intra_bw_GBps), params.fill_slowdown,
+                     nvlink, nic)
 
 
 def _direct(params: NetworkParams, op: str, s: Shape, name: str, proto: dict) -> Candidate:
@@ -307,12 +361,21 @@ def _direct(params: NetworkParams, op: str, s: Shape, name: str, proto: dict) ->
 NO_COST = Candidate("none", "none", 0.0, math.inf, 0.0)  # a group of one GPU moves nothing
 
 
-def candidates(params: NetworkParams, op: str, shape: Shape) -> list[Candidate]:
-    """Every (algorithm, protocol) NCCL could pick for ``op`` on ``shape``; none for one GPU."""
-    if op not in OPS:
-        raise ValueError(f"unknown collective '{op}'; known: {', '.join(OPS)}")
-    if shape.gpus < 2:
-        return []
+# NCCL's names (NCCL_ALGO, NCCL_PROTO) -> Echo's (echo.config.topology); CollNet and PAT not modelled
+_FORCEABLE = frozenset(a for a in NCCL_ALGO_NAMES.values() if a)  # direct / p2p: NCCL's p2p, not an algorithm
+
+
+def allowed_algorithms(setting: str) -> frozenset[str] | None:
+    """Echo algorithm names an NCCL_ALGO setting leaves (None: no setting)."""
+    return parse_nccl_list(setting, NCCL_ALGO_NAMES, "NCCL_ALGO") if setting else None
+
+
+def allowed_protocols(setting: str) -> frozenset[str] | None:
+    """Echo protocol names an NCCL_PROTO setting leaves (None: no setting)."""
+    return parse_nccl_list(setting, NCCL_PROTO_NAMES, "NCCL_PROTO") if setting else None
+
+
+def _all_candidates(params: NetworkParams, op: str, shape: Shape) -> list[Candidate]:
     out = []
     measured = op in params.op_links
     for name, proto in params.protocols.items():
@@ -322,9 +385,31 @@ def candidates(params: NetworkParams, op: str, shape: Shape) -> list[Candidate]:
         out.append(_ring(params, op, shape, name, proto))
         if op == "all_reduce" and shape.nodes > 1 and not measured:
             out.append(_tree(params, shape, name, proto))
-    if op == "all_reduce" and shape.nodes == 1 and params.nvls and not measured:
-        out.append(_nvls(params, shape))
+    if op == "all_reduce" and params.nvls and not measured and shape.per_node >= 2:
+        out.append(_nvls(params, shape) if shape.nodes == 1 else _nvls_tree(params, shape))
     return out
+
+
+def candidates(params: NetworkParams, op: str, shape: Shape) -> list[Candidate]:
+    """Every (algorithm, protocol) NCCL could pick for ``op`` on ``shape`` (as far as the job's
+    NCCL_ALGO / NCCL_PROTO allow); none for one GPU."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective '{op}'; known: {', '.join(OPS)}")
+    if shape.gpus < 2:
+        return []
+    out = _all_candidates(params, op, shape)
+    algos, protos = allowed_algorithms(params.nccl_algo), allowed_protocols(params.nccl_proto)
+    if algos is None and protos is None:
+        return out
+    kept = [c for c in out if (algos is None or c.algorithm not in _FORCEABLE or c.algorithm in algos)
+            and (protos is None or c.protocol in protos)]
+    if not kept:
+        settings = ", ".join(f"{k}={v}" for k, v in (("NCCL_ALGO", params.nccl_algo), ("NCCL_PROTO", params.nccl_proto))
+                             if v)
+        raise ValueError(f"no algorithm/protocol available for {op} on {shape.gpus} GPUs ({shape.nodes} node(s)): "
+                         f"{settings} excludes all of "
+                         f"{', '.join(sorted({c.algorithm + '/' + c.protocol for c in out}))}")
+    return kept
 
 
 def best(cands: list[Candidate], nbytes: float) -> tuple[float, Candidate]:

@@ -144,6 +144,10 @@ _TAUS = (0.1, 0.03, 0.0)  # soft-minimum temperatures (log time) of the successi
 _BASE_PRIOR_US = {"LL": 5.0, "LL128": 10.0, "simple": 10.0}
 _FILL_PRIOR = (4e6, 2.0)  # a few MB of pipeline fill at half speed
 _LAUNCH_PRIOR_US = 4.0    # CPU time to launch one GPU's kernel of a collective (NCCL enqueue + CUDA launch)
+# the most of a link a protocol can carry: LL sends 4 data bytes in every 8-byte line (the rest
+# is its flag), LL128 120 in every 128
+_BW_FRACTION_MAX = {"LL": 0.5, "LL128": 120 / 128}
+_INTRA_BW_MAX = 1.25      # NVLS nodes: fitted NVLink bandwidth at most 1 / bus_efficiency (0.8) of the nominal
 
 
 @dataclass(frozen=True)
@@ -156,10 +160,19 @@ class Run:
     bytes: np.ndarray
     time_us: np.ndarray
     gpus_per_thread: int = 1   # serial launches in the measuring harness (see NetworkParams.launch_us)
+    nccl_algo: str = ""        # NCCL_ALGO / NCCL_PROTO the run forced ("": NCCL's own choice)
+    nccl_proto: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.op} {self.shape.gpus} GPUs ({self.shape.nodes} node{'s' if self.shape.nodes > 1 else ''})"
+        forced = "".join(f", {k}={v}" for k, v in (("NCCL_ALGO", self.nccl_algo), ("NCCL_PROTO", self.nccl_proto)) if v)
+        return f"{self.op} {self.shape.gpus} GPUs ({self.shape.nodes} node{'s' if self.shape.nodes > 1 else ''}{forced})"
+
+    def params(self, params: NetworkParams) -> NetworkParams:
+        """``params`` as this run's NCCL ran: with its forced algorithm/protocol, or NCCL's own choice."""
+        if (params.nccl_algo, params.nccl_proto) == (self.nccl_algo, self.nccl_proto):
+            return params
+        return params.forcing(self.nccl_algo, self.nccl_proto)
 
 
 # nccl-tests collectives the model has, as (echo op, shape) of the measured transfer
@@ -174,7 +187,9 @@ def runs_from_measurements(table: pa.Table) -> list[Run]:
     rows: dict[tuple, dict[int, list[float]]] = {}
     cols = table.select(["source", "op", "gpus", "nodes", "gpus_per_node", "gpus_per_thread", "bytes",
                          "time_us"]).to_pydict()
-    for src, op, gpus, nodes, per_node, per_thread, nbytes, t in zip(*cols.values(), strict=True):
+    n = table.num_rows
+    forced = [table[c].to_pylist() if c in table.column_names else [None] * n for c in ("nccl_algo", "nccl_proto")]
+    for src, op, gpus, nodes, per_node, per_thread, nbytes, t, algo, proto in zip(*cols.values(), *forced, strict=True):
         model_op = _model_op(op)
         if model_op is None or gpus < 2:
             continue
@@ -182,12 +197,13 @@ def runs_from_measurements(table: pa.Table) -> list[Run]:
             shape = Shape(2, 2 if nodes > 1 else 1, 1 if nodes > 1 else 2)
         else:
             shape = Shape(gpus, nodes, per_node)
-        rows.setdefault((src, model_op, shape, per_thread or 1), {}).setdefault(nbytes, []).append(t)
+        key = (src, model_op, shape, per_thread or 1, algo or "", proto or "")
+        rows.setdefault(key, {}).setdefault(nbytes, []).append(t)
     runs = []
-    for (src, op, shape, per_thread), by_size in rows.items():
+    for (src, op, shape, per_thread, algo, proto), by_size in rows.items():
         sizes = np.array(sorted(by_size), dtype=np.float64)
         times = np.array([float(np.mean(by_size[int(b)])) for b in sizes])
-        runs.append(Run(src, op, shape, sizes, times, per_thread))
+        runs.append(Run(src, op, shape, sizes, times, per_thread, algo, proto))
     return sorted(runs, key=lambda r: (r.shape.nodes, r.shape.gpus, r.op, r.source))
 
 
@@ -217,7 +233,9 @@ def _intra_free(base: NetworkParams, launch: bool) -> list[_Free]:
     latency, NVLink hop latency and (LL, LL128) share of the bandwidth; with ``launch``, the
     harness's serial launch cost (logs where one thread drove several GPUs)."""
     bw = base.intra_bw_GBps
-    free = [_Free("intra_bw_GBps", ("intra_bw_GBps",), bw, bw / 10, bw * 10),
+    # where NVLS runs, at most the links' wire rate (nominal figures derate it by bus_efficiency,
+    # 0.8): a fit that needs more is explaining an NVLS curve with a ring
+    free = [_Free("intra_bw_GBps", ("intra_bw_GBps",), bw, bw / 10, bw * (_INTRA_BW_MAX if base.nvls else 10.0)),
             _Free("fill_bytes", ("fill_bytes",), _FILL_PRIOR[0], 1e4, 1e9),
             _Free("fill_slowdown", ("fill_slowdown",), _FILL_PRIOR[1], 1.0, 50.0)]
     if launch:
@@ -227,7 +245,24 @@ def _intra_free(base: NetworkParams, launch: bool) -> list[_Free]:
         free.append(_Free(f"{name}.intra_hop_us", ("protocols", name, "intra_hop_us"),
                           max(proto["intra_hop_us"], 0.1), 0.01, 100.0))
         if name != "simple":
-            free.append(_Free(f"{name}.bw_fraction", ("protocols", name, "bw_fraction"), proto["bw_fraction"], 0.01, 1.0))
+            free.append(_Free(f"{name}.bw_fraction", ("protocols", name, "bw_fraction"), proto["bw_fraction"], 0.01,
+                              _BW_FRACTION_MAX[name]))
+    return free
+
+
+def _nvls_free(base: NetworkParams) -> list[_Free]:
+    """NVLink SHARP's fixed latency. (Its share of the links stays NCCL's figure for the switch
+    generation: one GPU count cannot tell an NVLS curve from a ring's at another NVLink rate.)"""
+    return [_Free("nvls_latency_us", ("nvls_latency_us",), base.nvls_latency_us, 1.0, 200.0)]
+
+
+def _latency_free(base: NetworkParams) -> list[_Free]:
+    """Per protocol its base latency and NVLink hop latency (the intra tier's latencies)."""
+    free = []
+    for name, proto in base.protocols.items():
+        free.append(_Free(f"{name}.base_us", ("protocols", name, "base_us"), _BASE_PRIOR_US[name], 0.05, 500.0))
+        free.append(_Free(f"{name}.intra_hop_us", ("protocols", name, "intra_hop_us"),
+                          max(proto["intra_hop_us"], 0.1), 0.01, 100.0))
     return free
 
 
@@ -258,7 +293,7 @@ def launch_floor_us(params: NetworkParams, run: Run) -> float:
 
 def run_prediction(params: NetworkParams, run: Run) -> tuple[np.ndarray, list]:
     """The model's times for ``run``'s sizes as its harness measured them, and the chosen candidates."""
-    predicted, chosen = predict(params, run.op, run.shape, run.bytes)
+    predicted, chosen = predict(run.params(params), run.op, run.shape, run.bytes)
     return np.maximum(predicted, launch_floor_us(params, run)), chosen
 
 
@@ -267,7 +302,7 @@ def _smooth_log_times(params: NetworkParams, run: Run, tau: float) -> np.ndarray
     floor) softened to a log-sum-exp of temperature ``tau`` (in log time; 0 = exact, as predicted)."""
     if tau <= 0:
         return np.log(run_prediction(params, run)[0])
-    logt = np.log(candidate_times(candidates(params, run.op, run.shape), run.bytes))
+    logt = np.log(candidate_times(candidates(run.params(params), run.op, run.shape), run.bytes))
     low = logt.min(axis=0)
     soft = low - tau * np.log(np.exp(-(logt - low) / tau).sum(axis=0))
     floor = launch_floor_us(params, run)
@@ -320,7 +355,7 @@ def run_accuracy(params: NetworkParams, run: Run, from_bytes: int = 1 << 20, sma
     keep = run.bytes >= from_bytes
     small = np.flatnonzero(run.bytes <= small_bytes)
     out = {"source": run.source, "op": run.op, "gpus": run.shape.gpus, "nodes": run.shape.nodes,
-           "points": int(keep.sum())}
+           "nccl_algo": run.nccl_algo, "nccl_proto": run.nccl_proto, "points": int(keep.sum())}
     if keep.any():
         worst = int(np.argmax(np.where(keep, np.abs(rel), -1.0)))
         out.update(mean_abs_err=float(np.abs(rel[keep]).mean()), max_abs_err=float(abs(rel[worst])),
@@ -342,8 +377,11 @@ def fit_nccl_tests(base: NetworkParams, runs: list[Run]) -> tuple[NetworkParams,
     inter = [r for r in runs if r.shape.nodes > 1]
     params = base
     tiers = {}
+    nvls = base.nvls and any(r.op == "all_reduce" and r.shape.per_node >= 2 for r in runs)
     if intra:
         free = _intra_free(params, launch=any(r.gpus_per_thread > 1 for r in intra))
+        if nvls and any(r.op == "all_reduce" for r in intra):
+            free += _nvls_free(params)
         params = _fit_tier(params, free, intra)
         tiers["intra"] = {"runs": [r.label for r in intra], "fitted": [f.name for f in free]}
     if inter:
@@ -357,6 +395,13 @@ def fit_nccl_tests(base: NetworkParams, runs: list[Run]) -> tuple[NetworkParams,
             free += [_Free(f"{n}.intra_hop_us", ("protocols", n, "intra_hop_us"), p["intra_hop_us"], 0.01, 100.0)
                      for n, p in params.protocols.items()]
             stage_runs = runs
+        if not intra:
+            # no single-server log: the multi-server logs are all there is to tell each protocol's
+            # fixed and per-step costs, and (where NVLS runs inside the servers) the NVLink rate
+            free += _latency_free(params) + (_nvls_free(params) if nvls else [])
+            if nvls:
+                bw = params.intra_bw_GBps
+                free.append(_Free("intra_bw_GBps", ("intra_bw_GBps",), bw, bw / 10, bw * _INTRA_BW_MAX))
         params = _fit_tier(params, free, stage_runs)
         tiers["inter"] = {"runs": [r.label for r in inter], "fitted": [f.name for f in free]}
     summary = {"tiers": tiers, "accuracy": [run_accuracy(params, r) for r in runs]}
@@ -368,3 +413,20 @@ def leave_one_out(base: NetworkParams, runs: list[Run], held: Run) -> dict:
     rest = [r for r in runs if r is not held]
     params, _ = fit_nccl_tests(base, rest)
     return run_accuracy(params, held)
+
+
+def leave_node_count_out(base: NetworkParams, runs: list[Run]) -> list[dict]:
+    """For each node count of the multi-node runs (when there are two or more): refit without
+    every run of that node count and predict them, an extrapolation to a node count the fit never
+    saw (2 servers from 4 and 4 from 2). Each entry is ``run_accuracy`` plus ``fit_nodes``."""
+    counts = sorted({r.shape.nodes for r in runs if r.shape.nodes > 1})
+    if len(counts) < 2:
+        return []
+    out = []
+    for nodes in counts:
+        rest = [r for r in runs if r.shape.nodes != nodes]
+        params, _ = fit_nccl_tests(base, rest)
+        fit_nodes = sorted({r.shape.nodes for r in rest})
+        out += [{**run_accuracy(params, held), "held_nodes": nodes, "fit_nodes": fit_nodes}
+                for held in runs if held.shape.nodes == nodes]
+    return out

@@ -37,7 +37,7 @@ class Estimate(NamedTuple):
     time_us: float
     algbw_GBps: float
     busbw_GBps: float
-    algorithm: str   # ring | tree | nvls | direct | p2p | none (group of one)
+    algorithm: str   # ring | tree | nvls | nvls_tree | direct | p2p | none (group of one)
     protocol: str    # LL | simple | none
 
 
@@ -71,9 +71,14 @@ class NetworkModel(CollectiveCosts):
         self.fit = fit or {}  # what the fit saw and how well it matched (kept in network.json)
         # Per-instance caches, so that a model with other parameters never reads a stale entry:
         # group -> shape, (op, shape) -> candidates, (op, shape, bytes) -> Estimate.
-        self._group_shape = lru_cache(maxsize=_CACHE_SIZE)(partial(Shape.of_group, gpus_per_node=topology.gpus_per_node))
+        # ranks fill nodes in order, node_ranks GPUs on each (topology.ranks_per_node, default all)
+        self._group_shape = lru_cache(maxsize=_CACHE_SIZE)(partial(Shape.of_group, gpus_per_node=topology.node_ranks))
         self._candidates = lru_cache(maxsize=_CACHE_SIZE)(partial(candidates, self.params))
         self._cached = lru_cache(maxsize=_CACHE_SIZE)(self._estimate_shape)
+
+    def forcing(self, algo: str | None, proto: str | None) -> NetworkModel:
+        """This model as a job with NCCL_ALGO / NCCL_PROTO set would see it (None: NCCL's own choice)."""
+        return NetworkModel(self.topology, self.params.forcing(algo, proto), self.source, self.fit)
 
     # --- placement --------------------------------------------------------------------
     def shape(self, group: Sequence[int] | None = None, gpus: int | None = None) -> Shape:
@@ -82,7 +87,7 @@ class NetworkModel(CollectiveCosts):
             raise ValueError("give exactly one of group= (global ranks) or gpus=")
         if group is not None:
             return self._group_shape(tuple(group))
-        return Shape.of_first(int(gpus), self.topology.gpus_per_node)
+        return Shape.of_first(int(gpus), self.topology.node_ranks)
 
     # --- queries ----------------------------------------------------------------------
     def estimate(self, op: str, group: Sequence[int] | None = None, *, gpus: int | None = None,

@@ -13,8 +13,19 @@ What a log holds and what this reader takes from it:
 - the closing ``# Avg bus bandwidth`` line; a table that stops without it was cut short.
 
 Launcher prefixes (``[1,0]<stdout>:`` from Open MPI's ``--tag-output``, ``0:`` from ``srun
---label``) are removed, ``<stderr>`` lines and NCCL's own ``NCCL INFO``/``WARN`` chatter are
-skipped. Which collective a log measured comes from its ``# Collective test starting:`` line
+--label``) are removed, ``<stderr>`` lines, NCCL's own ``NCCL INFO``/``WARN`` chatter and its
+``NCCL version 2.26.2+cuda12.8`` line (``NCCL_DEBUG=VERSION``) are skipped.
+
+A run that forced NCCL's choice says so (``nccl_algo``, ``nccl_proto`` columns, as the
+environment variables read, e.g. ``Ring``): from NCCL's own ``NCCL_ALGO set by environment to
+Ring`` line (``NCCL_DEBUG=INFO``), or from a ``NCCL_ALGO=Ring`` / ``NCCL_PROTO=Simple`` setting on
+a comment line before the first header (the command line pasted above the output).
+
+Device listings shortened by whoever copied the log (``#  [... ranks 1-14 abbreviated ...]``,
+optionally ``[... ranks 1-30 abbreviated: 8 per host on a, b, c, d ...]``) are filled in: ranks
+sit on hosts in blocks of ``g`` consecutive ranks (``g`` as stated, else the last listed rank's
+device index + 1), which every listed rank must agree with (its device is its rank mod g, its
+host that of its block); hosts no listed rank names are called ``<abbreviated host i>``. Which collective a log measured comes from its ``# Collective test starting:`` line
 (newer nccl-tests), else from its file name (``all_reduce_perf_16gpus.log``), and is checked
 against the data: busbw/algbw is nccl-tests' bus factor of that collective (2(n-1)/n for
 all-reduce, (n-1)/n for all-gather, ...), so a log of another collective under a misleading name
@@ -65,10 +76,17 @@ MEASUREMENTS = pa.schema([
     ("warmup_iters", pa.int32()),
     ("iters", pa.int32()),
     ("device", pa.string()),         # GPU model named in the device listing
+    ("nccl_algo", pa.string()),      # NCCL_ALGO the run forced (e.g. Ring), null: NCCL's own choice
+    ("nccl_proto", pa.string()),     # NCCL_PROTO the run forced (e.g. Simple), null: NCCL's own choice
 ])
 
 _PREFIX = re.compile(r"^(?:\[\d+(?:,\d+)*\]<(stdout|stderr)>:|\d+: )")
 _NCCL_CHATTER = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|ABORT)\b")
+_NCCL_VERSION = re.compile(r"^NCCL version \S+$")
+_ENV_SET = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO) set by environment to (\S+)")
+_ENV_ASSIGN = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=([^\s'\"]+)")
+_ABBREVIATED = re.compile(r"^#\s*\[\.\.\.\s*ranks\s+(?P<lo>\d+)\s*-\s*(?P<hi>\d+)\s+abbreviated"
+                          r"(?::\s*(?P<per>\d+)\s+per host on\s+(?P<hosts>[^.\]]*?))?\s*\.*\s*\]\s*$")
 _DEVICE = re.compile(
     r"^#\s*Rank\s+(?P<rank>\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(?P<pid>\d+)\s+on\s+(?P<host>\S+)\s+"
     r"device\s+(?P<device>\d+)\s+\[(?P<bus>[^\]]*)\]\s+(?P<name>.*?)\s*$")
@@ -117,6 +135,9 @@ class Run:
     rows: list[dict] = field(default_factory=list)
     avg_busbw_GBps: float | None = None
     out_of_bounds_ok: bool | None = None
+    env: dict[str, str] = field(default_factory=dict)  # NCCL_ALGO / NCCL_PROTO the run forced
+    # (first rank, last rank, GPUs per host or None, host names) of a shortened device listing
+    abbreviated: tuple[int, int, int | None, tuple[str, ...], int] | None = None
 
     @property
     def op(self) -> str:
@@ -153,7 +174,8 @@ class Run:
                 "nodes": len(self.hosts), "gpus_per_node": self.gpus_per_node,
                 "gpus_per_thread": self.options["nGpus"],
                 "warmup_iters": self.options.get("warmup_iters"), "iters": self.options.get("iters"),
-                "device": self.device_name}
+                "device": self.device_name, "nccl_algo": self.env.get("NCCL_ALGO"),
+                "nccl_proto": self.env.get("NCCL_PROTO")}
         rows = [{**base, **row} for row in self.rows]
         return pa.Table.from_pylist(rows, schema=MEASUREMENTS)
 
@@ -227,6 +249,7 @@ class _Reader:
         self.last_row_line = 0
         self.explicit: dict[int, tuple[str, int]] = {}  # run index -> (collective, line) from "test starting"
         self.pending: tuple[str, int] | None = None
+        self.banner_env: dict[str, str] = {}  # NCCL_ALGO=... on the command line above the first run
 
     def fail(self, line: int | None, reason: str) -> LogFormatError:
         return LogFormatError(self.path, line, reason)
@@ -235,7 +258,12 @@ class _Reader:
         for number, raw in enumerate(self.lines, start=1):
             line, stderr = _strip(raw)
             body = line.strip()
-            if stderr or not body or _NCCL_CHATTER.search(body):
+            if m := _ENV_SET.search(body):
+                if self.run is not None:
+                    self.run.env[m.group(1)] = m.group(2)
+                else:
+                    self.banner_env[m.group(1)] = m.group(2)
+            if stderr or not body or _NCCL_CHATTER.search(body) or _NCCL_VERSION.match(body):
                 continue
             if m := _STARTING.search(body):
                 # printed before the options header of the run it names (newer nccl-tests)
@@ -256,6 +284,7 @@ class _Reader:
         if not self.runs:
             raise self.fail(None, "not an nccl-tests log: no '# nThread ... nGpus ...' header found")
         for index, run in enumerate(self.runs):
+            run.env = {**self.banner_env, **run.env}
             self.finish(run, self.explicit.get(index))
         return self.runs
 
@@ -270,10 +299,18 @@ class _Reader:
                 self.explicit[len(self.runs) - 1], self.pending = self.pending, None
             return
         if self.run is None:
-            return  # banner lines before the header (version, environment)
+            if not self.runs:  # banner lines before the first header (version, environment, command)
+                self.banner_env.update(dict(_ENV_ASSIGN.findall(body)))
+            return
         if m := _DEVICE.match(body):
             self.run.devices.append(Device(int(m["rank"]), int(m["pid"]), m["host"], int(m["device"]),
                                            m["bus"], m["name"]))
+            return
+        if m := _ABBREVIATED.match(body):
+            if self.run.abbreviated is not None or self.columns is not None:
+                raise self.fail(number, "a second shortened device listing in one run")
+            hosts = tuple(h.strip() for h in (m["hosts"] or "").split(",") if h.strip())
+            self.run.abbreviated = (int(m["lo"]), int(m["hi"]), int(m["per"]) if m["per"] else None, hosts, number)
             return
         words = body.lstrip("#").split()
         if self.columns is None and {"size", "count", "time"} <= set(words):
@@ -365,6 +402,8 @@ class _Reader:
         if not run.devices:
             raise self.fail(run.header_line, "no '# Using devices' listing after the header: cannot tell the ranks "
                                              "and their hosts")
+        if run.abbreviated is not None:
+            self.fill_abbreviated(run)
         ranks = sorted(d.rank for d in run.devices)
         if ranks != list(range(len(ranks))):
             raise self.fail(run.header_line, f"device listing has ranks {ranks[:8]}..., not 0..{len(ranks) - 1}")
@@ -381,6 +420,36 @@ class _Reader:
         if claimed is not None and claimed not in COLLECTIVES:
             raise self.fail(explicit[1] if explicit else None, f"unknown nccl-tests binary {claimed}_perf")
         run.collective = self._check_factor(run, claimed)
+
+    def fill_abbreviated(self, run: Run) -> None:
+        """Fill a shortened device listing in (module docstring): blocks of g ranks per host."""
+        lo, hi, per, hosts, line = run.abbreviated
+        listed = {d.rank: d for d in run.devices}
+        n = len(listed) + (hi - lo + 1)
+        if lo > hi or any(lo <= r <= hi for r in listed) or sorted([*listed, *range(lo, hi + 1)]) != list(range(n)):
+            raise self.fail(line, f"shortened device listing: ranks {lo}-{hi} and the listed ranks "
+                                  f"{sorted(listed)} do not make 0..{n - 1}")
+        g = per if per is not None else listed[max(listed)].device + 1
+        if g < 1 or n % g:
+            raise self.fail(line, f"shortened device listing: {n} ranks do not fill hosts of {g} GPUs; "
+                                  "state 'N per host on a, b, ...'")
+        if hosts and len(hosts) != n // g:
+            raise self.fail(line, f"shortened device listing names {len(hosts)} hosts for {n} ranks of {g} per host")
+        names: dict[int, str] = dict(enumerate(hosts))
+        for d in listed.values():
+            block = d.rank // g
+            if d.device != d.rank % g:
+                raise self.fail(line, f"shortened device listing: rank {d.rank} is device {d.device}, not "
+                                      f"{d.rank % g} as blocks of {g} ranks per host would place it")
+            if names.setdefault(block, d.host) != d.host:
+                raise self.fail(line, f"shortened device listing: rank {d.rank} is on {d.host}, not on "
+                                      f"{names[block]} with the other ranks of its block of {g}")
+        if len(set(names.values())) != len(names):
+            raise self.fail(line, "shortened device listing: one host holds ranks of two blocks")
+        model = run.devices[0].name
+        fill = [Device(r, -1, names.get(r // g, f"<abbreviated host {r // g}>"), r % g, "", model)
+                for r in range(lo, hi + 1)]
+        run.devices = sorted([*run.devices, *fill], key=lambda d: d.rank)
 
     def _check_factor(self, run: Run, claimed: str | None) -> str:
         """The collective whose bus factor the rows show; the claimed one if it agrees."""

@@ -28,8 +28,9 @@ def _curves(model: NetworkModel, measured: pa.Table) -> list[dict]:
     runs = runs_from_measurements(measured) if measured.num_rows else []
     if runs:
         return [{"op": r.op, "shape": r.shape, "bytes": r.bytes, "measured_us": r.time_us,
-                 "per_thread": r.gpus_per_thread} for r in runs]
-    gpn = model.topology.gpus_per_node
+                 "per_thread": r.gpus_per_thread, "label": r.label, "forced": (r.nccl_algo, r.nccl_proto)}
+                for r in runs]
+    gpn = model.topology.node_ranks
     shapes = [Shape(n, 1, n) for n in (2, 4, 8) if n < gpn] + [Shape(gpn, 1, gpn)] if gpn > 1 else []
     shapes += [Shape(m * gpn, m, gpn) for m in (2, 4, 16)]
     sizes = np.array([_MIN_BYTES << i for i in range(25)], dtype=np.float64)
@@ -51,14 +52,15 @@ def plot_busbw(model: NetworkModel, measured: pa.Table, path: str | Path) -> Non
         op, shape, sizes = curve["op"], curve["shape"], np.asarray(curve["bytes"], dtype=np.float64)
         lo, hi = max(sizes.min(), 1.0), sizes.max()
         grid = np.unique(np.concatenate([np.geomspace(lo, hi, 200), sizes]))
-        cols = model.predict(op, shape, grid)
+        forced = curve.get("forced")
+        cols = (model.forcing(*forced) if forced else model).predict(op, shape, grid)
         # as the log's harness measured it: not faster than one thread launching on its GPUs
         floor = curve["per_thread"] * model.params.launch_us
         if floor > 0:
             cols["busbw_GBps"] = grid / (np.maximum(cols["time_us"], floor) * 1e3) * bus_factor(op, shape.gpus)
         color = colors(i % 10)
         where = f"{shape.nodes} node{'s' if shape.nodes > 1 else ''}"
-        label = f"{op} {shape.gpus} GPUs ({where})"
+        label = curve.get("label") or f"{op} {shape.gpus} GPUs ({where})"
         ax.plot(grid, cols["busbw_GBps"], "-", color=color, lw=1.6, label=f"{label}: model")
         changes = [j for j in range(1, grid.size)
                    if (cols["algorithm"][j], cols["protocol"][j]) != (cols["algorithm"][j - 1], cols["protocol"][j - 1])]

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+import echo.training.fp8  # noqa: F401  (registers echo::quantize, which FP8 traces record)
+
 Args = tuple[list[Any], dict[str, Any]]
 
 

@@ -1,17 +1,16 @@
-"""Roofline model of one kernel's duration on a GPU, from the hardware file's figures alone.
+"""Modelled duration of one kernel on a GPU, from the hardware file's figures alone.
 
-    time = max(flops_executed / (peak[dtype] * efficiency(shape)), bytes / (hbm_GBps * hbm_efficiency))
-           + kernel_launch_us
+- GEMMs (mm, addmm, bmm, baddbmm, _scaled_mm, _scaled_grouped_mm): echo.profile.gemm_model - a
+  launch floor plus waves of CTA tiles at the input format's fitted main-loop rate, or the operands'
+  bytes at the achievable HBM bandwidth when that is longer.
+- Flash attention (forward and backward): echo.profile.attention_model - CTAs of 128-query
+  (128-key) blocks looping over the other side, causal masks skipping the blocks above the diagonal.
+- Every other kernel (elementwise, norm, softmax, embedding, copies, optimizer updates, ...) streams
+  its bytes: ``kernel_launch_us + bytes / (hbm_GBps * hbm_efficiency)``.
 
-``matmul_efficiency`` in the hardware file is the best fraction of peak a large GEMM reaches
-(hardware.csv), ``sustained_compute`` the part of it a training job sustains; ``efficiency(shape)`` scales it down for shapes a GPU cannot fill: partially filled
-output tiles, a last wave of tiles that leaves SMs idle, and a K too short to amortise the tile's
-pipeline fill and epilogue. Attention is a GEMM-like flash kernel at a lower efficiency (unfused
-attention, ``model.attention: math`` in the workload, is traced as its own GEMMs, softmax and
-dropout kernels and costed as such). Every other class (elementwise, norm, softmax, embedding,
-copies, optimizer updates, ...) streams its bytes.
-Tile sizes and factors below are properties of GEMM kernels, not of one GPU, so they live here as
-named constants; everything per-GPU comes from ``Hardware``.
+The parameters are Hardware.compute_model's (GPU files: ``gemm`` and ``attention``, fitted on
+per-kernel measurements by echo.fit.kernels, each with its provenance). A nominal device (the local
+CPU, test hardware) gives ``matmul_efficiency`` instead; its GEMMs use the NOMINAL_* tile constants.
 """
 
 from __future__ import annotations
@@ -21,33 +20,27 @@ import math
 from dataclasses import dataclass
 
 from echo.config import Hardware
+from echo.config.hardware import AttentionModel, GemmRate
+from echo.profile.attention_model import AttentionCall, attention_call, attention_time
+from echo.profile.gemm_model import GEMM_OPS, GemmCall, gemm_call, gemm_time
 from echo.profile.kernel import Kernel
 
-# CTA output tiles (M x N) a cuBLAS/CUTLASS-style heuristic chooses among for a given shape. One
-# CTA per SM per wave: the large tiles that reach peak fill most of an SM's shared memory.
-GEMM_TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
-# Operand reuse (tm*tn/(tm+tn): FLOPs per element loaded into shared memory) at which a tile keeps
-# the tensor cores busy. 128x128 (reuse 64) is the smallest tile peak-class GEMMs use on A100/H100;
-# smaller tiles run at reuse/64 of the rate (128x64 at 0.67, 64x64 at 0.5).
-FULL_RATE_REUSE = 64.0
-# Per-tile fixed cost, in units of K: about two 32-deep k-blocks of pipeline fill and drain plus the
-# epilogue. Efficiency from K alone is K / (K + K_OVERHEAD): K=4096 -> 0.98, K=128 -> 0.67.
-K_OVERHEAD = 64.0
-# Flash attention relative to the best GEMM on the same GPU. FlashAttention-2 (Dao 2023) reaches
-# ~73% of A100 peak forward and ~63% backward, where the best GEMM reaches 87% (hardware.csv).
-ATTENTION_FWD_VS_GEMM = 0.84
-ATTENTION_BWD_VS_GEMM = 0.72
-# Flash kernels tile the sequence in blocks of 128 queries (forward) / keys (backward); one CTA per
-# (batch, head, block).
-ATTENTION_BLOCK = 128
+# A nominal device's GEMM tiles (no per-GPU fit): a wave costs 1 us of fill and epilogue, 128x128
+# tiles (reuse 64) run at full rate. Assumed; GPU files carry fitted values instead.
+NOMINAL_WAVE_OVERHEAD_US = 1.0
+NOMINAL_FULL_RATE_REUSE = 64.0
+# ... and its flash attention runs at its GEMM rate with no per-CTA or softmax cost.
+NOMINAL_ATTENTION = AttentionModel(fwd_vs_gemm=1.0, bwd_vs_gemm=1.0, fwd_cta_us=0.0, bwd_cta_us=0.0,
+                                   softmax_headdim=0.0, fp8_speedup=2.0)
 # A causal flash kernel skips the blocks above the diagonal: it executes about half the model FLOPs
 # (which, following the MFU convention, do not halve for causal masking).
 CAUSAL_FRACTION = 0.5
 
-# torch dtype name -> peak_tflops key. fp32 matmuls use tf32 where the GPU has it (peak_tflops).
-# The hardware schema has no fp8 or fp64 peak: fp8 is modelled at the bf16 rate (conservative),
-# fp64 at the fp32 rate (optimistic; fp64 is not a training dtype here).
+# torch dtype name -> peak_tflops key; fp32 matmuls run on tf32 tensor cores where the GPU has them
 _PEAK_KEY = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp32"}
+# GEMM format -> (peak_tflops key, gemm rate key, block-scaling factor key)
+_FORMAT = {"bf16": ("bf16", "bf16", None), "fp8": ("fp8", "fp8", None), "mxfp8": ("fp8", "fp8", "mxfp8"),
+           "blockwise_fp8": ("fp8", "fp8", "blockwise_fp8"), "nvfp4": ("fp4", "fp4", None)}
 
 
 @dataclass(frozen=True)
@@ -56,56 +49,59 @@ class Estimate:
 
     duration_us: float
     bound: str          # compute | memory | launch
-    efficiency: float   # fraction of peak the compute term assumed (0 when no FLOPs)
+    efficiency: float   # executed FLOPs / (peak x duration): the fraction of peak achieved (0: no FLOPs)
 
 
 def estimate(hw: Hardware, k: Kernel) -> Estimate:
-    """Duration of kernel ``k`` on ``hw`` by the roofline above."""
-    cm = hw.compute_model
-    eff = compute_efficiency(hw, k) if k.flops > 0 else 0.0
-    compute_us = executed_flops(k) / (peak_tflops(hw, k.dtype) * 1e6 * eff) if eff > 0 else 0.0
-    memory_us = k.bytes / (hw.hbm_GBps * 1e3 * cm.hbm_efficiency)
-    body = max(compute_us, memory_us)
-    if body < cm.kernel_launch_us:
-        bound = "launch"
-    else:
-        bound = "compute" if compute_us >= memory_us else "memory"
-    return Estimate(body + cm.kernel_launch_us, bound, eff)
+    """Duration of kernel ``k`` on ``hw`` (see the module docstring)."""
+    # a GEMM op the tracer does not class as one yet (_scaled_grouped_mm) is still a GEMM here
+    if k.op_class == "gemm" or k.base in GEMM_OPS:
+        call = gemm_call(k.base, k.args) or _call_from_shapes(k)
+        if call is not None:
+            return _gemm_estimate(hw, call)
+    if k.op_class == "attention":
+        call = attention_call(k.name, k.args, _flag(k, "is_causal"))
+        if call is not None:
+            return _attention_estimate(hw, k, call)
+    return _stream_estimate(hw, k)
 
 
 def peak_tflops(hw: Hardware, dtype: str) -> float:
-    """Dense peak for a matmul in ``dtype``; fp32 matmuls run on tf32 tensor cores when present."""
+    """Dense tensor-core peak for a matmul with ``dtype`` inputs (a torch dtype name, or a GEMM
+    format of gemm_model: fp8, mxfp8, blockwise_fp8, nvfp4); fp32 runs on tf32 tensor cores when
+    present. ValueError when the GPU has no tensor cores for it (FP8 on A100, FP4 before Blackwell)."""
     peaks = hw.peak_tflops
     if dtype == "float32" and peaks.tf32 is not None:
         return peaks.tf32
-    key = "bf16" if dtype.startswith("float8") else _PEAK_KEY.get(dtype, "fp32")
-    return getattr(peaks, key)
+    if dtype.startswith("float8") or dtype in _FORMAT:
+        key = _FORMAT.get(dtype, ("fp8",))[0]
+    elif dtype.startswith("float4"):
+        key = "fp4"
+    else:
+        key = _PEAK_KEY.get(dtype, "fp32")
+    peak = getattr(peaks, key)
+    if peak is None:
+        raise ValueError(f"hardware '{hw.name}' has no {key.upper()} tensor cores (peak_tflops.{key} is not set): "
+                         f"it cannot run a {dtype} matmul")
+    return peak
 
 
 def compute_efficiency(hw: Hardware, k: Kernel) -> float:
-    """Fraction of peak the FLOPs of ``k`` run at, by op class and shape."""
-    best = hw.compute_model.matmul_efficiency * hw.compute_model.sustained_compute
-    sms = hw.compute_model.sm_count
-    if k.op_class == "gemm":
-        dims = gemm_dims(k.base, _shapes(k))
-        return best * (gemm_shape_efficiency(*dims, sms) if dims else 1.0)
-    if k.op_class == "attention":
-        backward = "backward" in k.base
-        factor = ATTENTION_BWD_VS_GEMM if backward else ATTENTION_FWD_VS_GEMM
-        ctas = attention_ctas(_shapes(k), backward)
-        return best * factor * (wave_efficiency(ctas, sms) if ctas else 1.0)
-    # FLOPs on another class (the trace counts matmul-class only, but be safe): best GEMM rate.
-    return best
+    """Fraction of peak the FLOPs of ``k`` run at under the model (0 for a kernel without FLOPs)."""
+    return estimate(hw, k).efficiency
 
 
 def executed_flops(k: Kernel) -> float:
-    """FLOPs the kernel actually executes: causal flash attention skips half the model FLOPs."""
+    """FLOPs the kernel actually executes: a GEMM's 2*M*N*K over its logical K (NVFP4 packs two
+    values per byte); causal flash attention skips half the model FLOPs."""
+    if k.op_class == "gemm" or k.base in GEMM_OPS:
+        call = gemm_call(k.base, k.args)
+        return call.flops if call is not None else k.flops
     if k.op_class == "attention" and _flag(k, "is_causal"):
         return k.flops * CAUSAL_FRACTION
     return k.flops
 
 
-# --- GEMM shape efficiency -----------------------------------------------------------------
 def gemm_dims(base: str, shapes: list[list[int]]) -> tuple[int, int, int, int] | None:
     """(batch, M, N, K) of a GEMM from its input shapes, or None when the op is not recognised."""
     first = {"mm": 0, "_scaled_mm": 0, "addmm": 1, "bmm": 0, "baddbmm": 1}.get(base)
@@ -119,45 +115,93 @@ def gemm_dims(base: str, shapes: list[list[int]]) -> tuple[int, int, int, int] |
     return None
 
 
-def gemm_shape_efficiency(batch: int, m: int, n: int, k: int, sms: int) -> float:
-    """Best over candidate tiles of (tile rate x tile fill x wave fill), times the K factor."""
-    if min(batch, m, n, k) <= 0:
-        return 1.0
-    best = max(_tile_efficiency(batch, m, n, tm, tn, sms) for tm, tn in GEMM_TILES)
-    return best * k / (k + K_OVERHEAD)
-
-
-def _tile_efficiency(batch: int, m: int, n: int, tm: int, tn: int, sms: int) -> float:
-    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
-    fill = (m * n) / (tiles_m * tm * tiles_n * tn)  # padded rows/columns of edge tiles do no work
-    rate = min(1.0, (tm * tn / (tm + tn)) / FULL_RATE_REUSE)
-    return rate * fill * wave_efficiency(batch * tiles_m * tiles_n, sms)
-
-
 def wave_efficiency(ctas: int, sms: int) -> float:
     """Busy fraction of SM-time when ``ctas`` equal CTAs run in waves of ``sms``: the last wave
     of a grid of sms+1 CTAs runs one CTA while the other SMs idle."""
-    waves = math.ceil(ctas / sms)
-    return ctas / (waves * sms)
+    return ctas / (math.ceil(ctas / sms) * sms)
 
 
-def attention_ctas(shapes: list[list[int]], backward: bool) -> int | None:
-    """CTAs of a flash kernel: (batch x heads) x sequence blocks (queries fwd, keys bwd)."""
-    q_i = 1 if backward else 0  # backward takes grad_out first
-    if len(shapes) < q_i + 2 or len(shapes[q_i]) != 4:
-        return None
-    b, h, s_q, _ = shapes[q_i]
-    s = shapes[q_i + 1][-2] if backward else s_q
-    return b * h * math.ceil(s / ATTENTION_BLOCK)
+def gemm_rate(hw: Hardware, fmt: str) -> tuple[float, GemmRate, float]:
+    """(peak TFLOP/s, GemmRate, block-scaling factor) of GEMM format ``fmt`` on ``hw``; ValueError
+    when the GPU has no tensor cores or no fitted rate for it."""
+    cm = hw.compute_model
+    if cm.gemm is None:  # nominal device
+        peak = peak_tflops(hw, {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}.get(fmt, fmt))
+        return peak, GemmRate(peak_fraction=cm.matmul_efficiency, wave_overhead_us=NOMINAL_WAVE_OVERHEAD_US,
+                              full_rate_reuse=NOMINAL_FULL_RATE_REUSE), 1.0
+    if fmt in ("fp32", "fp64"):
+        tf32 = fmt == "fp32" and hw.peak_tflops.tf32 is not None and cm.gemm.tf32 is not None
+        return (hw.peak_tflops.tf32, cm.gemm.tf32, 1.0) if tf32 else (hw.peak_tflops.fp32, cm.gemm.bf16, 1.0)
+    peak_key, rate_key, factor_key = _FORMAT[fmt]
+    peak = peak_tflops(hw, fmt)
+    rate = getattr(cm.gemm, rate_key)
+    factor = getattr(cm.gemm, factor_key) if factor_key else 1.0
+    if rate is None or factor is None:
+        missing = f"gemm.{rate_key}" if rate is None else f"gemm.{factor_key}"
+        raise ValueError(f"hardware '{hw.name}' has no {missing} in its compute_model: no {fmt} GEMM rate")
+    return peak, rate, factor
+
+
+# --- the three kinds of kernel ----------------------------------------------------------------
+def _gemm_estimate(hw: Hardware, call: GemmCall) -> Estimate:
+    cm = hw.compute_model
+    peak, rate, factor = gemm_rate(hw, call.fmt)
+    launch = cm.gemm.launch_us if cm.gemm is not None else cm.kernel_launch_us
+    t, compute, memory = gemm_time(rate, launch, peak, cm.sm_count, hw.hbm_GBps * cm.hbm_efficiency,
+                                   call.batch, call.m, call.n, call.k, call.a_bytes, call.b_bytes,
+                                   call.out_bytes, factor)
+    t, compute, memory = float(t), float(compute), float(memory)
+    bound = "launch" if max(compute, memory) < launch else "compute" if compute >= memory else "memory"
+    return Estimate(t, bound, call.flops / (peak * 1e6 * t) if t > 0 else 0.0)
+
+
+def _attention_estimate(hw: Hardware, k: Kernel, call: AttentionCall) -> Estimate:
+    cm = hw.compute_model
+    att = cm.attention or NOMINAL_ATTENTION
+    fraction = cm.gemm.bf16.peak_fraction if cm.gemm is not None else cm.matmul_efficiency
+    dtype = "float8_e4m3fn" if call.fp8 else k.dtype
+    peak = peak_tflops(hw, "bfloat16" if call.fp8 else dtype)  # fp8: the bf16 model times fp8_speedup
+    if call.fp8:
+        peak_tflops(hw, dtype)  # raises where the GPU has no FP8 tensor cores
+        if att.fp8_speedup is None:
+            raise ValueError(f"hardware '{hw.name}' has no attention.fp8_speedup: no FP8 attention rate")
+    launch = cm.gemm.launch_us if cm.gemm is not None else cm.kernel_launch_us
+    compute = attention_time(att, fraction, peak, cm.sm_count, launch, call, hw.hbm_GBps * cm.hbm_efficiency)
+    memory = k.bytes / (hw.hbm_GBps * 1e3 * cm.hbm_efficiency)
+    t = max(compute, launch + memory)
+    bound = "compute" if compute >= launch + memory else "memory"
+    return Estimate(t, bound, executed_flops(k) / (peak * 1e6 * t) if t > 0 else 0.0)
+
+
+def _stream_estimate(hw: Hardware, k: Kernel) -> Estimate:
+    """A kernel that streams its bytes (FLOPs of another class, which the trace does not count,
+    at the bf16 GEMM main-loop rate, to be safe)."""
+    cm = hw.compute_model
+    memory_us = k.bytes / (hw.hbm_GBps * 1e3 * cm.hbm_efficiency)
+    compute_us, eff = 0.0, 0.0
+    if k.flops > 0:
+        eff = cm.gemm.bf16.peak_fraction if cm.gemm is not None else cm.matmul_efficiency
+        compute_us = k.flops / (peak_tflops(hw, k.dtype) * 1e6 * eff)
+    body = max(compute_us, memory_us)
+    bound = "launch" if body < cm.kernel_launch_us else "compute" if compute_us >= memory_us else "memory"
+    t = body + cm.kernel_launch_us
+    return Estimate(t, bound, k.flops / (peak_tflops(hw, k.dtype) * 1e6 * t) if k.flops > 0 else 0.0)
 
 
 # --- reading the call -----------------------------------------------------------------------
-def _shapes(k: Kernel) -> list[list[int]]:
+def _call_from_shapes(k: Kernel) -> GemmCall | None:
+    """A GEMM whose args the model cannot read: its dims from the shapes column and its dtype."""
     try:
         shapes = json.loads(k.shapes)
     except (TypeError, ValueError):
-        return []
-    return shapes if isinstance(shapes, list) else []
+        return None
+    dims = gemm_dims(k.base, shapes) if isinstance(shapes, list) else None
+    if dims is None:
+        return None
+    size = {"float32": 4.0, "float64": 8.0}.get(k.dtype, 2.0)
+    fmt = {"float32": "fp32", "float64": "fp64"}.get(k.dtype, "fp8" if k.dtype.startswith("float8") else "bf16")
+    size = 1.0 if fmt == "fp8" else size
+    return GemmCall(*dims, fmt, size, size, 2.0 if fmt == "fp8" else size)
 
 
 def _flag(k: Kernel, arg_name: str) -> bool:

@@ -11,6 +11,8 @@ units and a legend, so that it reads on its own, without Echo.
   optimizer state and activations, against the GPU's memory.
 - ``sweep_heatmap``: a sweep's step times, tensor x pipeline split against the other axes.
 - ``predicted_vs_measured``: predictions next to measurements, where any exist.
+- ``error_by_layout``: each validated row's step-time error against its TP, PP, CP and EP
+  degree, so that a layout-dependent bias shows.
 """
 
 from __future__ import annotations
@@ -304,4 +306,70 @@ def predicted_vs_measured(points: Sequence[dict], band: float = 0.2, title: str 
     ax.set_ylabel("predicted step time (s)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+# --- error against layout degree -----------------------------------------------------------------
+
+LAYOUT_DIMS = ("tp", "pp", "cp", "ep")
+_LAYOUT_NAMES = {"tp": "tensor", "pp": "pipeline", "cp": "context", "ep": "expert"}
+
+
+def error_by_layout(points: Sequence[dict], band: float = 0.10,
+                    title: str = "Step-time error against layout degree") -> Figure:
+    """Each point: {label, table, error (predicted / measured - 1), tp, pp, cp, ep, and optionally
+    split: fit | validation}. One panel per degree (TP, PP, CP, EP; log2 x axis), error in percent,
+    a zero line and a +-``band`` area; one marker and colour per source table, filled for
+    validation rows and hollow for fit rows (all filled when no point has a split). A grey line
+    joins the mean error at each degree."""
+    points = [p for p in points if p.get("error") is not None]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), layout="constrained", sharey=True)
+    if not points:
+        for ax in axes.flat[1:]:
+            ax.axis("off")
+        return _empty(fig, axes.flat[0], f"{title}\n\nno validated rows yet")
+    tables = sorted({p["table"] for p in points})
+    colors, markers = plt.get_cmap("tab10"), "osD^v<>P*"
+    style = {t: (colors(i % 10), markers[i % len(markers)]) for i, t in enumerate(tables)}
+    has_split = any(p.get("split") for p in points)
+    errors = [100.0 * p["error"] for p in points]
+    lo, hi = min(min(errors), -100 * band), max(max(errors), 100 * band)
+    pad = 0.08 * (hi - lo)
+    for ax, dim in zip(axes.flat, LAYOUT_DIMS, strict=True):
+        degrees = sorted({int(p[dim]) for p in points})
+        ax.axhspan(-100 * band, 100 * band, color="#E6E6E6", zorder=0)
+        ax.axhline(0.0, color="black", linewidth=1, zorder=1)
+        for t in tables:
+            color, marker = style[t]
+            for fit in (False, True):
+                mine = [p for p in points if p["table"] == t and (p.get("split") == "fit") == fit]
+                if not mine:
+                    continue
+                ax.scatter([int(p[dim]) for p in mine], [100.0 * p["error"] for p in mine], s=34, zorder=3,
+                           marker=marker, facecolors="none" if fit else color, edgecolors=color, linewidths=1.2)
+        means = [sum(100.0 * p["error"] for p in points if int(p[dim]) == d) /
+                 sum(1 for p in points if int(p[dim]) == d) for d in degrees]
+        if len(degrees) > 1:
+            ax.plot(degrees, means, color="#7F7F7F", linestyle="--", linewidth=1, zorder=2)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(degrees, [str(d) for d in degrees])
+        ax.minorticks_off()
+        ax.set_xlim(degrees[0] / 1.6, degrees[-1] * 1.6)
+        ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xlabel(f"{dim.upper()} degree ({_LAYOUT_NAMES[dim]} parallel size)")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(100.0))
+        if len(degrees) == 1:
+            ax.text(0.03, 0.03, f"every row at {dim.upper()} = {degrees[0]}", transform=ax.transAxes, ha="left",
+                    va="bottom", fontsize=8, color="#555555", bbox={"facecolor": "white", "edgecolor": "none"})
+    for ax in axes[:, 0]:
+        ax.set_ylabel("step-time error (predicted / measured - 1)")
+    handles = [plt.Line2D([], [], linestyle="none", marker=style[t][1], color=style[t][0], label=t) for t in tables]
+    if has_split:
+        handles += [plt.Line2D([], [], linestyle="none", marker="o", color="black", label="filled: validation row"),
+                    plt.Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", color="black",
+                               label="hollow: fit row")]
+    handles += [Patch(color="#E6E6E6", label=f"within {band:.0%}"),
+                plt.Line2D([], [], color="#7F7F7F", linestyle="--", label="mean error per degree")]
+    fig.legend(handles=handles, ncol=min(len(handles), 4), fontsize=8, loc="outside lower center", frameon=False)
+    fig.suptitle(f"{title} ({len(points)} rows)")
     return fig

@@ -117,8 +117,19 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, ctx: OpCont
             class_id=c["class_id"], representative=rep, stages=tuple(c["stages"]), ranks=c["ranks"],
             costs=reduce_rank(ops[rep], comms[rep], ctx, waits[rep]),
             state_bytes=mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_bytes"],
-            activation_bytes=mem["activation_bytes_per_microbatch"]))
+            activation_bytes=mem["activation_bytes_per_microbatch"],
+            peak_bytes=mem.get("peak_bytes_per_microbatch") or 0,  # traces before the live meter lack it
+            reserved_bytes=mem.get("reserved_bytes_per_microbatch") or 0,
+            communicators=communicators(comms[rep].values()),
+            chunk_activation_bytes=tuple(mem.get("activation_bytes_per_chunk") or ())))
     return out
+
+
+def communicators(comms) -> int:
+    """NCCL communicators one rank's traced collectives and transfers use: one per group of two
+    or more ranks, and one per p2p peer (ProcessGroupNCCL opens a 2-rank communicator per pair)."""
+    groups = {tuple(c["group"]) for c in comms if c["peer"] < 0 and len(c["group"]) > 1}
+    return len(groups) + len({c["peer"] for c in comms if c["peer"] >= 0})
 
 
 def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabel | None = None,
@@ -207,7 +218,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce,
                                        overlap_param_gather=par.overlap_param_gather,
                                        tp_comm_overlap=par.tp_comm_overlap)
-    ctx = OpContext(load_kernels(Path(kernels_path)), CommTimer(network), slow, topology.gpus_per_node)
+    # ranks fill node_ranks GPUs of each node (ranks_per_node: e.g. 64 of an NVL72 rack's 72)
+    ctx = OpContext(load_kernels(Path(kernels_path)), CommTimer(network), slow, topology.node_ranks)
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
     orders = stage_orders(par.schedule, par.pp, workload.micro_batches, par.virtual_stages)
     mesh, cols = read_mesh(Path(rank_classes_path))

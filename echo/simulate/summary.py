@@ -10,8 +10,24 @@ compute_s includes what the overlap slowdown added (slowdown_s, the part of comp
 slowed beside communication); compute_s + exposed_comm_s + bubble_s = step_time_s on the
 critical stage (full mode: the critical stage's slowest rank).
 
-Memory is per rank: parameters + gradients + optimizer state, plus one micro-batch's saved
-activations times the most micro-batches the stage's schedule keeps in flight.
+Memory is per rank (``memory_breakdown``), in named terms:
+
+- state: parameters + gradients + optimizer state (data_parallel.memory_model);
+- activations: one micro-batch's saved activations (the tracer's meter, all chunks) times the
+  chunk-micro-batches the stage's schedule keeps in flight (in_flight) over the chunks;
+- working memory: how far the traced micro-batch's live peak rises above its saved activations
+  (the logits and the loss, the gradients of the layer in backward, a recomputed layer, FSDP's
+  gathered parameters), once: the peak falls in one micro-batch's pass;
+- fragmentation: what PyTorch's caching allocator reserves beyond the live bytes at its peak,
+  from the tracer's replay of the micro-batch's allocations through the allocator's rules
+  (echo.trace.meter.CachingAllocator);
+- framework (outside the activations and state, ``framework_bytes``): the cuBLAS workspace and
+  NCCL's per-communicator buffers.
+
+``peak_mem_gib`` is what PyTorch's caching allocator reserves at the peak (state + activations +
+working memory + fragmentation: torch.cuda.max_memory_reserved, which torchtitan logs);
+``device_mem_gib`` adds the framework terms (NCCL allocates its buffers itself) and decides
+``fits``.
 """
 
 from __future__ import annotations
@@ -40,6 +56,10 @@ class ClassInfo:
     costs: RankCosts
     state_bytes: int = 0      # parameters + gradients + optimizer state, per rank
     activation_bytes: int = 0  # saved for backward by one micro-batch (all chunks of the rank)
+    peak_bytes: int = 0       # live peak of the traced micro-batch (saved + working memory); 0: not measured
+    reserved_bytes: int = 0   # the caching allocator's reserved peak over that micro-batch (peak + fragmentation)
+    communicators: int = 0    # NCCL communicators the rank uses (its collectives' groups, its p2p peers)
+    chunk_activation_bytes: tuple[int, ...] = ()  # activation_bytes by chunk; (): spread evenly
 
 
 @dataclass(frozen=True)
@@ -62,19 +82,97 @@ def step_flops(classes: Sequence[ClassInfo], micro_batches: int) -> Flops:
     return Flops(executed=executed, model=model)
 
 
+# cuBLAS workspace PyTorch allocates per (handle, stream) on Hopper and later: 8 x 4096 KiB
+# (CUBLAS_WORKSPACE_CONFIG default ":4096:8", aten/src/ATen/cuda/CublasHandlePool.cpp); one stream runs GEMMs.
+CUBLAS_WORKSPACE_BYTES = 8 * 4096 * 1024
+# NCCL's buffers per connection of one channel (src/init.cc defaults): Simple 4 MiB (DEFAULT_BUFFSIZE),
+# LL128 120 elements x 640 threads x 8 steps x 8 B, LL 8 lines x 512 threads x 8 steps x 16 B.
+NCCL_CONNECTION_BYTES = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+NCCL_CHANNELS = 16            # channels NCCL opens per communicator on NVLink/IB H100-class nodes (assumed)
+NCCL_PEERS_PER_CHANNEL = 2    # ring receive connection + tree/NVLS connection per channel
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """One rank's peak memory in named terms (bytes); see the module docstring."""
+
+    state: float
+    activations: float
+    working: float
+    framework: float
+    fragmentation: float = 0.0
+
+    @property
+    def allocated(self) -> float:
+        """Bytes of live tensors at the peak (torch.cuda.max_memory_allocated)."""
+        return self.state + self.activations + self.working
+
+    @property
+    def allocator(self) -> float:
+        """What PyTorch's caching allocator reserves at the peak (torch.cuda.max_memory_reserved)."""
+        return self.allocated + self.fragmentation
+
+    @property
+    def device(self) -> float:
+        return self.allocator + self.framework
+
+
+def framework_bytes(communicators: int) -> float:
+    """cuBLAS workspace plus NCCL's buffers for ``communicators`` communicators."""
+    return CUBLAS_WORKSPACE_BYTES + communicators * NCCL_CHANNELS * NCCL_PEERS_PER_CHANNEL * NCCL_CONNECTION_BYTES
+
+
+def memory_breakdown(c: ClassInfo, order: Sequence[Task]) -> MemoryBreakdown:
+    """A rank's peak: its state, the activations of the chunk-micro-batches in flight, the
+    working memory of one micro-batch above its saved activations, and the framework's buffers."""
+    return rank_breakdown(state=c.state_bytes, activation=c.activation_bytes, peak=c.peak_bytes,
+                          reserved=c.reserved_bytes, chunk_activation=c.chunk_activation_bytes,
+                          communicators=c.communicators, chunks=c.costs.chunks, order=order)
+
+
+def rank_breakdown(*, state: float, activation: float, peak: float, chunk_activation: Sequence[float],
+                   communicators: int, chunks: int, order: Sequence[Task], reserved: float = 0) -> MemoryBreakdown:
+    """``memory_breakdown`` from a traced rank's figures (ranks.parquet): ``activation`` covers
+    all of the rank's ``chunks`` (``chunk_activation`` splits it; empty: evenly); ``peak`` is
+    the traced micro-batch's live peak and ``reserved`` the caching allocator's (0: not measured)."""
+    working = max(0.0, peak - activation) if peak else 0.0
+    return MemoryBreakdown(state=state, activations=activations_in_flight(activation, chunk_activation, chunks, order),
+                           working=working, framework=framework_bytes(communicators) if communicators else 0.0,
+                           fragmentation=max(0.0, reserved - peak) if reserved and peak else 0.0)
+
+
+def activations_in_flight(activation: float, chunk_activation: Sequence[float], chunks: int,
+                          order: Sequence[Task]) -> float:
+    """Most saved-activation bytes the order holds at once: each forward adds its chunk's share,
+    each backward frees it (the first chunk carries the embedding, the last the loss)."""
+    if len(chunk_activation) != chunks:
+        return activation * in_flight(list(order)) / chunks
+    held = peak = 0.0
+    for task in order:
+        held += chunk_activation[task.chunk] if task.kind == "F" else -chunk_activation[task.chunk]
+        peak = max(peak, held)
+    return peak
+
+
 def class_peak_bytes(c: ClassInfo, order: Sequence[Task]) -> float:
-    """A rank's peak memory: its state plus activations of the chunk-micro-batches in flight
-    (activation_bytes covers all of the rank's chunks, so one chunk holds 1/chunks of it)."""
-    return c.state_bytes + c.activation_bytes * in_flight(list(order)) / c.costs.chunks
+    """A rank's peak allocator memory (state + activations in flight + working memory)."""
+    return memory_breakdown(c, order).allocator
+
+
+def stage_breakdowns(classes: Sequence[ClassInfo], orders: Sequence[Sequence[Task]]) -> list[MemoryBreakdown]:
+    """Per pipeline stage, the breakdown of its hungriest class (by device memory)."""
+    peak: list[MemoryBreakdown | None] = [None] * len(orders)
+    for c in classes:
+        for s in c.stages:  # in flight depends on the stage's place in the pipeline
+            b = memory_breakdown(c, orders[s])
+            if peak[s] is None or b.device > peak[s].device:
+                peak[s] = b
+    return [b or MemoryBreakdown(0.0, 0.0, 0.0, 0.0) for b in peak]
 
 
 def stage_peak_bytes(classes: Sequence[ClassInfo], orders: Sequence[Sequence[Task]]) -> list[float]:
-    """Per pipeline stage, the peak memory of its hungriest class."""
-    peak = [0.0] * len(orders)
-    for c in classes:
-        for s in c.stages:  # in flight depends on the stage's place in the pipeline
-            peak[s] = max(peak[s], class_peak_bytes(c, orders[s]))
-    return peak
+    """Per pipeline stage, the peak allocator memory of its hungriest class."""
+    return [b.allocator for b in stage_breakdowns(classes, orders)]
 
 
 def exposed_by_kind(result: EngineResult, stage: int) -> dict[str, float]:
@@ -95,9 +193,13 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
     step_s = result.step_us / 1e6
     crit = result.stages[result.critical_stage]
     flops = step_flops(classes, m)
-    peak_tflops = getattr(hardware.peak_tflops, workload.training.dtype)
+    # MFU against the dense bf16 peak for FP8 runs too, as torchtitan and Megatron report it
+    peak_tflops = getattr(hardware.peak_tflops, "bf16" if workload.training.dtype == "fp8" else workload.training.dtype)
     exposed = exposed_by_kind(result, result.critical_stage)
-    mem = [b / GIB for b in stage_peak_bytes(classes, orders)]
+    breakdowns = stage_breakdowns(classes, orders)
+    mem = [b.allocator / GIB for b in breakdowns]
+    device = [b.device / GIB for b in breakdowns]
+    worst = max(range(len(device)), key=device.__getitem__)
     tokens = workload.training.global_batch * workload.model.seq_len
     row = {
         "workload": workload.name, "hardware": hardware.name, "topology": topology.name,
@@ -106,11 +208,15 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
         "tokens_per_s": tokens / step_s, "tflops_per_gpu": flops.executed / (world * step_s) / 1e12,
         "mfu": flops.model / (world * step_s * peak_tflops * 1e12), "peak_mem_gib": max(mem),
         "sim_wall_s": sim_wall_s,
-        "fits": max(mem) <= hardware.memory_gib, "bubble_fraction": crit.bubble_us / result.step_us,
+        "fits": max(device) <= hardware.memory_gib, "device_mem_gib": max(device),
+        "mem_state_gib": breakdowns[worst].state / GIB, "mem_activations_gib": breakdowns[worst].activations / GIB,
+        "mem_working_gib": breakdowns[worst].working / GIB, "mem_framework_gib": breakdowns[worst].framework / GIB,
+        "mem_fragmentation_gib": breakdowns[worst].fragmentation / GIB,
+        "bubble_fraction": crit.bubble_us / result.step_us,
         "slowdown_s": crit.slowdown_us / 1e6,
         **{f"exposed_{k}_s": v for k, v in exposed.items()},
         "stage_step_time_s": [s.end_us / 1e6 for s in result.stages],
-        "stage_peak_mem_gib": mem, "critical_stage": result.critical_stage,
+        "stage_peak_mem_gib": mem, "stage_device_mem_gib": device, "critical_stage": result.critical_stage,
         "schedule": workload.parallel.schedule, "micro_batches": m, "pp": len(orders),
         "virtual_stages": classes[0].costs.chunks, "classes": len(classes),
         "executed_flops": flops.executed, "model_flops": flops.model, "events": len(result.events),

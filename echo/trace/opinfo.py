@@ -14,7 +14,7 @@ import torch
 
 from echo.trace import hashing
 
-_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_scaled_grouped_mm", "_grouped_mm"}
 _CLASS_BY_NAME = {
     "native_layer_norm": "norm", "native_layer_norm_backward": "norm", "_fused_rms_norm": "norm",
     "_fused_rms_norm_backward": "norm", "_softmax": "softmax", "_softmax_backward_data": "softmax",
@@ -50,6 +50,8 @@ def op_class(func) -> str:
     name = base_name(func)
     if func.namespace == "fsdp":  # FSDP2's all-gather copy-in/out and gradient chunk_cat
         return "copy"
+    if func.namespace == "echo":  # Echo's own kernels (training/fp8.py, fused.py), memory-bound
+        return "norm" if name.startswith("rms_norm") else "quantize" if name == "quantize" else "elementwise"
     if name in _GEMM:
         return "gemm"
     if "attention" in name:
@@ -94,7 +96,12 @@ def matmul_flops(func, args) -> float:
     name = base_name(func)
     if name in ("mm", "_scaled_mm"):
         (m, k), n = args[0].shape, args[1].shape[-1]
-        return 2.0 * m * n * k
+        # FP4 (float4_e2m1fn_x2) packs two values per element: the logical K is twice the shape's
+        return 2.0 * m * n * k * (2 if args[0].dtype == torch.float4_e2m1fn_x2 else 1)
+    if name in ("_scaled_grouped_mm", "_grouped_mm") and args[0].dim() == 2 and args[1].dim() == 3:
+        # routed rows (total, K) against every local expert's (K, N): each row meets one expert
+        (m, k), n = args[0].shape, args[1].shape[-1]
+        return 2.0 * m * n * k * (2 if args[0].dtype == torch.float4_e2m1fn_x2 else 1)
     if name == "addmm":
         (m, k), n = args[1].shape, args[2].shape[-1]
         return 2.0 * m * n * k

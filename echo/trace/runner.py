@@ -25,7 +25,6 @@ _UNSUPPORTED = [  # (condition, key, reason): refused before any process starts
     (lambda w: w.model.experts > 0 and w.parallel.tp > 1 and not w.parallel.sequence_parallel,
      "parallel.sequence_parallel", "a mixture of experts with tp > 1 needs sequence_parallel (as in Megatron-Core)"),
     (lambda w: w.model.experts > 0 and w.parallel.zero == 3, "parallel.zero", "ZeRO 3 with experts is not traced yet"),
-    (lambda w: w.parallel.cp > 1 and w.parallel.zero == 3, "parallel.zero", "ZeRO 3 with context parallelism is not traced yet"),
 ]
 
 

@@ -8,13 +8,13 @@ pipeline schedule repeats the per-micro-batch part; the simulator composes it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import nullcontext
 
 import pyarrow as pa
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.graph import saved_tensors_hooks
 from torch.distributed.device_mesh import DeviceMesh
@@ -24,40 +24,18 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from echo.artifacts import TRACED_RANKS
 from echo.config.workload import Workload
+from echo.trace.meter import MemoryMeter
 from echo.trace.recorder import Recorder
-from echo.training import data_parallel, fsdp
+from echo.training import data_parallel, fp8, fsdp
 from echo.training.layout import Layout
 from echo.training.model import DTYPES, build_chunks
 from echo.training.tensor_parallel import apply_tensor_parallel
 
 
-class _ActivationMeter:
-    """Bytes autograd saves for backward, each local storage once, parameters excluded: the
-    activation memory one micro-batch keeps alive until its backward."""
-
-    def __init__(self, params: list[torch.Tensor]):
-        self.params = {p.untyped_storage()._cdata for p in params}
-        self.storages: dict[int, int] = {}
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        base = t._base if t._is_view() else t
-        if isinstance(base, nn.Parameter):  # weights (FSDP's gathered ones too) are not activations
-            return t
-        local = t.to_local() if isinstance(t, DTensor) else t
-        s = local.untyped_storage()
-        if s._cdata not in self.params:
-            self.storages[s._cdata] = s.nbytes()
-        return t
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
-
-
 def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     """Create this rank's process groups and teach the recorder which kind each one is."""
     groups = {}
-    for dim in ("tp", "cp", "dp", "pp", "ep", "edp", "dpcp"):
+    for dim in ("tp", "cp", "dp", "pp", "ep", "edp", "dpcp", "stage"):
         ranks = layout.expert_group(rank, dim) if dim in ("ep", "edp") else layout.group(rank, dim)
         groups[dim] = dist.new_group(ranks) if len(ranks) > 1 else None
         if groups[dim] is not None:
@@ -77,9 +55,9 @@ def _peer(layout: Layout, rank: int, chunk: int, step: int, v: int) -> int | Non
 
 def _loss(logits: torch.Tensor) -> torch.Tensor:
     labels = torch.empty(logits.shape[:2], dtype=torch.long)
-    if isinstance(logits, DTensor):
+    if isinstance(logits, DTensor):  # vocabulary-parallel, on fp32 logits as Megatron and torchtitan
         with loss_parallel():
-            return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
@@ -95,43 +73,67 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         dtype = DTYPES[w.training.dtype]
         # FSDP keeps fp32 master parameters and all-gathers them in the compute dtype
         torch.set_default_dtype(torch.float32 if p.zero == 3 else dtype)
+        t = w.training
         with rec, rec.muted():
             chunks = build_chunks(w, layout.coords(rank).pp, rec.recompute)
+            if t.dtype == "fp8":
+                for c in chunks:
+                    for b in c.blocks:
+                        fp8.mark_linears(b)
         # parallel plans must be applied outside the fake mode (docs/DESIGN.md, "Tracing on a CPU")
         with rec.muted():
             _parallelize(w, layout, rank, groups, chunks, dtype)
+            for c in chunks:
+                fp8.patch_linears(c)
         torch.set_default_dtype(dtype)
-        meter = _ActivationMeter(data_parallel.local_params(chunks))
-        with rec:
-            _microbatch(w, layout, rank, rec, chunks, meter, dtype)
+        meter = MemoryMeter(data_parallel.local_params(chunks), native_gqa=p.zero < 3, gqa=w.model.heads // w.model.kv,
+                            unsharded_is_state=fsdp.resident_unsharded(chunks, p) > 0,
+                            # the published runs set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True:
+                            # torchtitan's run_llama_train.sh, Megatron-Bridge's perf_recipes/*/h100/*.py
+                            expandable_segments=True, recorder=rec)
+        with rec, fp8.training(t.fp8_recipe, p.zero, fp8_gather=t.fp8_param_gather,
+                               tp_group=groups["tp"] if p.sequence_parallel else None,
+                               amax_group=groups["stage"]) as fp8_state:
+            with meter, meter.functions():
+                _microbatch(w, layout, rank, rec, chunks, meter, dtype)
+            used = meter.finish(exclude=_state_tensors(chunks, fp8_state))
             dp = data_parallel.DataParallel(chunks, groups, p, dtype, rec=rec)
             dp.grad_sync()
             dp.step()
-        mem = data_parallel.rank_memory(chunks, groups, p, dtype, _unsharded_peak(chunks, p))
+            with rec.phase("optimizer"):  # the next step's FP8 weight copies, once per step
+                fp8.cast_weights(fp8_state)
+        mem = data_parallel.rank_memory(chunks, groups, p, dtype, fsdp.resident_unsharded(chunks, p))
+        # Transformer Engine's FP8 weight copies (and transposes) live across micro-batches
+        mem = dataclasses.replace(mem, param_bytes=mem.param_bytes + fp8.cached_weight_bytes(fp8_state))
+        mem = dataclasses.replace(mem, param_bytes=mem.param_bytes - data_parallel.fp8_primary_savings(fp8_state, p.zero))
         c = layout.coords(rank)
         ranks = pa.table({
             "rank": [rank], "role": [layout.role_of(rank)], "pp_rank": [c.pp], "tp_rank": [c.tp],
             "dp_rank": [c.dp], "cp_rank": [c.cp], "graph_hash": [""], "param_bytes": [mem.param_bytes],
             "grad_bytes": [mem.grad_bytes], "optimizer_bytes": [mem.optimizer_bytes],
-            "activation_bytes_per_microbatch": [meter.total],
+            "activation_bytes_per_microbatch": [used.saved_bytes],
             "trace_wall_s": [time.perf_counter() - t0]}, schema=TRACED_RANKS)
+        ranks = ranks.append_column("peak_bytes_per_microbatch", pa.array([used.peak_bytes], pa.int64()))
+        ranks = ranks.append_column("activation_bytes_per_chunk", pa.array([list(used.chunk_bytes)], pa.list_(pa.int64())))
+        ranks = ranks.append_column("reserved_bytes_per_microbatch", pa.array([used.reserved_bytes], pa.int64()))
         return {**rec.tables(), "ranks": ranks}
     finally:
         dist.destroy_process_group()
 
 
-def _unsharded_peak(chunks: list, p) -> int:
-    """Gathered parameter elements FSDP holds at once: two layers (current + prefetched)."""
-    if p.zero != 3:
-        return 0
-    per_block = [sum(x.numel() for x in data_parallel.local_params([b])) * p.dp for c in chunks for b in c.blocks]
-    return 2 * max(per_block, default=0)
+def _state_tensors(chunks: list, fp8_state) -> list[torch.Tensor]:
+    """Tensors made during the micro-batch that are the rank's state, counted by rank_memory: the
+    parameters' gradients and the FP8 weight copies cached across micro-batches."""
+    out = [p.grad for c in chunks for p in c.parameters() if p.grad is not None]
+    if fp8_state is not None and fp8_state.cached_weights:
+        out += [t for _, copies in fp8_state.weights.values() for t in copies]
+    return out
 
 
 def _parallelize(w: Workload, layout: Layout, rank: int, groups: dict, chunks: list, dtype) -> None:
     p = w.parallel
     # with FSDP the tensor-parallel mesh must be the tp dimension of the 2-D (dp, tp) mesh
-    mesh2d = fsdp.dp_tp_mesh(layout, rank, groups) if p.zero == 3 and p.dp > 1 else None
+    mesh2d = fsdp.dp_tp_mesh(layout, rank, groups) if p.zero == 3 and p.dp * p.cp > 1 else None
     if p.tp > 1:
         tp_mesh = mesh2d["tp"] if mesh2d is not None else DeviceMesh.from_group(groups["tp"], "cpu")
         for c in chunks:
@@ -163,11 +165,14 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
             with saved_tensors_hooks(meter.pack, lambda t: t):
                 y = chunk(x)
                 y = _loss(y) if chunk.last else y
+            fp8.reduce_amaxes(fp8.active())
+            meter.end_chunk()
             nxt = _peer(layout, rank, i, 1, v)
             if nxt is not None:
                 dist.send(y.detach(), dst=nxt)
         inputs.append(x)
         outputs.append(y)
+    meter.end_forward()  # what the forwards saved: the activations one micro-batch keeps in flight
     for i in reversed(range(len(chunks))):
         with rec.phase("backward", i):
             y, x = outputs[i], inputs[i]
@@ -181,6 +186,7 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
                     grad = torch.empty_like(y)
                 dist.recv(grad, src=nxt)
                 y.backward(grad)
+            fp8.reduce_amaxes(fp8.active())
             prev = _peer(layout, rank, i, -1, v)
             if prev is not None:
                 dist.send(x.grad, dst=prev)

@@ -22,6 +22,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+from echo.training import fp8
+
 BUCKET_ELEMENTS = 40_000_000  # Megatron-LM's default DDP bucket size (elements)
 
 
@@ -70,21 +72,47 @@ def bucket_members(numels: list[int], dp: int) -> list[list[int]]:
     return members
 
 
-def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsharded_peak: int = 0) -> MemoryModel:
-    """Megatron's accounting: compute-dtype params, fp32 grads, fp32 Adam moments (+ fp32 master
-    weights when params are not fp32); ZeRO 1 shards optimizer state over dp, ZeRO 2 gradients too.
+def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsharded: int = 0) -> MemoryModel:
+    """Bytes of the state one rank holds for ``numel`` of its parameters, as Megatron-Core's DDP
+    and distributed optimizer and FSDP2 allocate them. ``dp``: the ranks the state is sharded
+    over (the data-parallel group, context-parallel ranks included: Megatron's distributed
+    optimizer shards over dp x cp; experts over their expert-data-parallel group).
 
-    ZeRO 3 (FSDP, ``numel`` = this rank's shard): fp32 sharded parameters double as master
-    weights, fp32 sharded gradients and moments, plus ``unsharded_peak`` elements of gathered
-    compute-dtype parameters alive at once (the current and the prefetched layer)."""
+    ZeRO 0-2: the parameters in the compute dtype (Megatron's param buffer); the gradients in
+    one fp32 buffer (main_grad: the backward GEMMs accumulate into it, gradient_accumulation_fusion,
+    so there is no second, compute-dtype copy), sharded over ``dp`` under ZeRO 2; AdamW's fp32
+    moments (8 B) and, when the parameters are not fp32, fp32 master weights (4 B), sharded over
+    ``dp`` under ZeRO 1 and 2: 18 B per parameter without sharding, 2 + 4 + 12/dp with ZeRO 1.
+
+    ZeRO 3 (FSDP2 as torchtitan runs it, ``numel`` = this rank's shard): fp32 sharded parameters
+    (the optimizer's master weights), fp32 sharded gradients (reduce_dtype fp32) and moments:
+    16 B per sharded parameter. The gathered compute-dtype parameters of the layers in use are
+    working memory (the tracer's meter sees their all-gathers), except ``unsharded`` elements kept
+    for the whole step: under pipeline parallelism torchtitan does not reshard after forward
+    (parallelize_llama.apply_fsdp: reshard_after_forward=False when pp is on) and the pipeline
+    schedule turns gradient reduction off until the last micro-batch
+    (torch.distributed.pipelining: set_requires_gradient_sync(False)), so FSDP2 keeps the whole
+    stage's parameters gathered (compute dtype) and accumulates their unsharded gradients in the
+    reduce dtype, fp32 (FSDPParam.to_accumulated_grad_if_needed): 2 + 4 B per element."""
     pbytes = torch.empty((), dtype=param_dtype).element_size()
     if zero == 3:
-        return MemoryModel(param_bytes=4 * numel + pbytes * unsharded_peak, grad_bytes=4 * numel,
+        return MemoryModel(param_bytes=4 * numel + pbytes * unsharded, grad_bytes=4 * numel + 4 * unsharded,
                            optimizer_bytes=8 * numel)
     master = 4 if pbytes != 4 else 0
     grad = 4 * numel // (dp if zero >= 2 else 1)
     optim = (master + 8) * numel // (dp if zero >= 1 else 1)
     return MemoryModel(param_bytes=pbytes * numel, grad_bytes=grad, optimizer_bytes=optim)
+
+
+def fp8_primary_savings(fp8_state, zero: int) -> int:
+    """Bytes of the compute-dtype copies of the FP8 linears' weights that FP8 parameter gathers
+    remove: with Megatron's --fp8-param-gather (ZeRO 1/2) the parameter is stored in FP8 and is
+    the row-wise FP8 copy itself (Transformer Engine's FP8 primary weights), so of memory_model's
+    compute-dtype parameter and the cached FP8 copies (fp8.cached_weight_bytes) only the FP8 ones
+    remain. torchao under FSDP (ZeRO 3) keeps no FP8 weight: nothing to remove."""
+    if fp8_state is None or not fp8_state.fp8_gather or zero not in (1, 2):
+        return 0
+    return sum(w.numel() * w.element_size() for w, _ in fp8_state.weights.values())
 
 
 def tp_partial_grad_numel(modules: list[nn.Module], sequence_parallel: bool) -> int:
@@ -283,22 +311,29 @@ class DataParallel:
             # when it opens the next step. FSDP2 drops its sharded gradients instead.
             for b in flat if zero < 3 else []:
                 b.grad.zero_()
+            # FP8 parameter gathers (Megatron's --fp8-param-gather): the shard is cast to E4M3
+            # and gathered at one byte per parameter
+            state = fp8.active()
+            fp8_gather = state is not None and state.fp8_gather
             for rs, bs in zip(self.sets, self.buckets, strict=True):
                 for b in bs if zero < 3 else []:  # FSDP gathers in the compute dtype itself
-                    half = b.master.to(dtype) if dtype != torch.float32 else b.master
+                    half = b.master.to(fp8.E4M3 if fp8_gather else dtype) if dtype != torch.float32 else b.master
                     if rs.size > 1 and zero >= 1:
-                        dist.all_gather_single(b.gathered, half, group=rs.group)
+                        with rec.muted():
+                            out = torch.empty(b.gathered.shape, dtype=half.dtype) if fp8_gather else b.gathered
+                        dist.all_gather_single(out, half, group=rs.group)
                     elif b.param is not None and dtype != torch.float32:
                         with rec.muted():  # on a GPU the cast writes the parameter buffer itself
                             b.param.copy_(half)
 
 
 def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,
-                unsharded_peak: int = 0) -> MemoryModel:
-    """memory_model summed over the reduction sets (expert state shards over edp, not dp)."""
+                unsharded: int = 0) -> MemoryModel:
+    """memory_model summed over the reduction sets (expert state shards over edp, not dp);
+    ``unsharded``: FSDP2's parameters gathered for the whole step (fsdp.resident_unsharded)."""
     sets = reduction_sets(modules, groups, parallel)
-    # the gathered-parameter peak of FSDP belongs to the dense set (experts are not FSDP-sharded)
-    parts = [memory_model(sum(rs.numels), param_dtype, parallel.zero, rs.size, unsharded_peak if i == 0 else 0)
+    # FSDP's gathered parameters belong to the dense set (experts are not FSDP-sharded)
+    parts = [memory_model(sum(rs.numels), param_dtype, parallel.zero, rs.size, unsharded if i == 0 else 0)
              for i, rs in enumerate(sets)]
     return MemoryModel(param_bytes=sum(m.param_bytes for m in parts),
                        grad_bytes=sum(m.grad_bytes for m in parts),

@@ -19,14 +19,31 @@ from echo.training.layout import Coords, Layout
 
 
 def dp_tp_mesh(layout: Layout, rank: int, groups: dict) -> DeviceMesh:
-    """This rank's data-parallel mesh, 2-D (dp, tp) when tensor parallelism is on."""
+    """This rank's data-parallel mesh, 2-D (dp, tp) when tensor parallelism is on. With context
+    parallelism FSDP shards over the dp x cp ranks, which hold the same parameters (torchtitan's
+    dp_shard_cp mesh dimension)."""
+    cp = layout.sizes["cp"]
+    shard = groups["dpcp"] if cp > 1 else groups["dp"]
     if groups["tp"] is None:
-        return DeviceMesh.from_group(groups["dp"], "cpu", mesh_dim_names=("dp",))
+        return DeviceMesh.from_group(shard, "cpu", mesh_dim_names=("dp",))
     c, sizes = layout.coords(rank), layout.sizes
-    ranks = [[layout.rank(Coords(pp=c.pp, dp=d, cp=c.cp, tp=t)) for t in range(sizes["tp"])]
-             for d in range(sizes["dp"])]
-    return DeviceMesh.from_group([groups["dp"], groups["tp"]], "cpu", mesh=torch.tensor(ranks),
+    # rows in the shard group's rank order (cp varies fastest), columns the tp ranks
+    ranks = [[layout.rank(Coords(pp=c.pp, dp=d, cp=k, tp=t)) for t in range(sizes["tp"])]
+             for d in range(sizes["dp"]) for k in range(cp)]
+    return DeviceMesh.from_group([shard, groups["tp"]], "cpu", mesh=torch.tensor(ranks),
                                  mesh_dim_names=("dp", "tp"))
+
+
+def resident_unsharded(chunks: list[nn.Module], parallel) -> int:
+    """Elements of this rank's parameters FSDP2 keeps gathered for the whole step: all of them
+    under pipeline parallelism (torchtitan does not reshard after forward then, and the pipeline
+    schedule defers gradient reduction to the last micro-batch: data_parallel.memory_model), none
+    otherwise (each unit is gathered for its forward and backward: working memory)."""
+    if parallel.zero != 3 or parallel.pp == 1 or parallel.dp == 1:
+        return 0
+    from echo.training.data_parallel import local_params
+
+    return sum(p.numel() for p in local_params(chunks)) * parallel.dp
 
 
 def apply_fsdp(chunks: list[nn.Module], mesh: DeviceMesh, compute_dtype: torch.dtype) -> None:

@@ -14,6 +14,8 @@ GPU a trace stands for rather than for the math:
 
 from __future__ import annotations
 
+import inspect
+import sys
 from contextlib import nullcontext
 
 import torch
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 
 from echo.config.workload import ModelConfig, Workload
 from echo.errors import ConfigError
-from echo.training import hf_moe
+from echo.training import fused, hf_moe
 from echo.training.layers import RecomputeHook, attention_core, recomputed
 from echo.training.layout import chunk_slots
 
@@ -119,7 +121,22 @@ def build_hf_model(cfg: ModelConfig) -> nn.Module:
 
     _register_attention()
     with no_init_weights():
-        return AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation=ATTENTION)
+        lm = AutoModelForCausalLM.from_config(hf_config(cfg), attn_implementation=ATTENTION)
+    _fuse(lm)
+    return lm
+
+
+def _fuse(lm: nn.Module) -> None:
+    """The fused RMSNorm, SwiGLU and RoPE kernels Megatron-Core (Transformer Engine) and compiled
+    torchtitan run, in place of transformers' eager op chains (fused.py). RoPE is replaced where
+    the model's modeling module uses the standard rotate_half form."""
+    fused.fuse_rms_norms(lm)
+    fused.fuse_swiglu_mlps(lm)
+    modeling = sys.modules[type(lm).__module__]
+    standard = getattr(modeling, "apply_rotary_pos_emb", None)
+    if standard is not None and standard is not fused.apply_rotary_pos_emb:
+        if "rotate_half(q)" in inspect.getsource(standard):
+            modeling.apply_rotary_pos_emb = fused.apply_rotary_pos_emb
 
 
 class HFChunk(nn.Module):

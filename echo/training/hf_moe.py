@@ -18,11 +18,15 @@ holds the heaviest group of experts / ep consecutive experts.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import types
 
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
+
+from echo.training import fp8, fused
 
 
 def is_experts(m: nn.Module) -> bool:
@@ -78,14 +82,18 @@ def _project(self, x: torch.Tensor, e: int | slice) -> torch.Tensor:
     [rows, h]) or of all local experts at once (``e`` = slice(None), x [experts, rows, h], one
     batched GEMM per projection)."""
     h, batched = x.shape[-1], x.dim() == 3
-    matmul = torch.bmm if batched else torch.mm
+    # FP8 training runs the expert GEMMs in FP8 too (Transformer Engine's GroupedLinear)
+    matmul = fp8.expert_matmul if fp8.active() is not None else torch.bmm if batched else torch.mm
     bias = lambda b: b[e].unsqueeze(-2) if batched else b[e]  # noqa: E731
     up, down = self.gate_up_proj[e], self.down_proj[e]
     # most architectures store [experts, 2f, h] (a linear's weight); GPT-OSS stores [experts, h, 2f]
     gate_up = matmul(x, up if up.shape[-2] == h else up.transpose(-1, -2))
     if getattr(self, "gate_up_proj_bias", None) is not None:
         gate_up = gate_up + bias(self.gate_up_proj_bias)
-    if hasattr(self, "_apply_gate"):  # GPT-OSS: clamped, interleaved SwiGLU
+    if _plain_swiglu(type(self)) and type(getattr(self, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"):
+        gate, lin = gate_up.chunk(2, dim=-1)
+        act = fused.fused_swiglu(gate, lin)  # Megatron's fused SwiGLU (fused.py)
+    elif hasattr(self, "_apply_gate"):  # GPT-OSS: clamped, interleaved SwiGLU
         act = self._apply_gate(gate_up)
     else:
         gate, lin = gate_up.chunk(2, dim=-1)
@@ -94,6 +102,14 @@ def _project(self, x: torch.Tensor, e: int | slice) -> torch.Tensor:
     if getattr(self, "down_proj_bias", None) is not None:
         y = y + bias(self.down_proj_bias)
     return y
+
+
+@functools.cache
+def _plain_swiglu(cls: type) -> bool:
+    """Whether an experts class gates as act(gate) * up over the two halves (transformers'
+    default _apply_gate, or none); GPT-OSS's clamped, interleaved gate is not."""
+    gate = getattr(cls, "_apply_gate", None)
+    return gate is None or "self.act_fn(gate) * up" in inspect.getsource(gate)
 
 
 def _forward_imbalanced(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

@@ -30,6 +30,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from echo.training import fp8
+
 # transformers' linear names -> style, where a model's own tp_plan does not cover them (DeepSeek's
 # has no attention entries): the up-projections of attention (MLA's q_b_proj / kv_b_proj after
 # its replicated low-rank down-projections) and of the MLP are column-parallel, their output
@@ -97,20 +99,30 @@ class _RegatherLinear(torch.autograd.Function):
     """y = x @ W^T (+ b) where x is a region's gathered input, saving only the region's shard."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, region):
+    def forward(ctx, x, weight, bias, region, fp8_state):
         region.readers += 1
         ctx.save_for_backward(region.shard, weight)
-        ctx.region, ctx.has_bias = region, bias is not None
-        return F.linear(x, weight, bias)
+        ctx.region, ctx.has_bias, ctx.fp8 = region, bias is not None, fp8_state
+        if fp8_state is None:
+            return F.linear(x, weight, bias)
+        # FP8: the gathered input is quantized row-wise only; backward quantizes the regathered one
+        q, sq, _, _ = fp8.quantize_input(fp8_state, x.reshape(-1, x.shape[-1]), columnwise=False)
+        y = fp8.forward_gemm(fp8_state, (q, sq), weight)
+        y = y + bias if bias is not None else y
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
         _, weight = ctx.saved_tensors
         x = ctx.region.regather()
+        grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
+        if ctx.fp8 is not None:
+            _, _, qt, sqt = fp8.quantize_input(ctx.fp8, x.flatten(0, -2), rowwise=False)
+            grad_x, grad_w = fp8.backward_gemms(ctx.fp8, grad.flatten(0, -2), (qt, sqt), weight, True, True)
+            return grad_x.view(*grad.shape[:-1], -1), grad_w, grad_b, None, None
         grad_x = grad.matmul(weight)
         grad_w = grad.flatten(0, -2).t().matmul(x.flatten(0, -2))
-        grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b, None
+        return grad_x, grad_w, grad_b, None, None
 
 
 def _linear(self: nn.Linear, x: torch.Tensor, mesh: DeviceMesh, colwise: bool) -> torch.Tensor:
@@ -127,9 +139,9 @@ def _linear(self: nn.Linear, x: torch.Tensor, mesh: DeviceMesh, colwise: bool) -
     weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
     bias = self.bias.to_local() if isinstance(self.bias, DTensor) else self.bias
     if region is not None and region.reads(local):
-        y = _RegatherLinear.apply(local, weight, bias, region)
+        y = _RegatherLinear.apply(local, weight, bias, region, fp8.active() if getattr(self, "echo_fp8", False) else None)
     else:
-        y = F.linear(local, weight, bias)
+        y = fp8.linear(self, local, weight, bias)
     return DTensor.from_local(y, mesh, [Shard(-1)], run_check=False) if colwise else y
 
 

@@ -75,6 +75,8 @@ class Layout:
         c = self.coords(rank)
         if dim == "dpcp":
             return sorted(r for d in self.group(rank, "dp") for r in self.group(d, "cp"))
+        if dim == "stage":  # every rank of the pipeline stage: tp x cp x dp (FP8 amax reduction)
+            return sorted(r for d in self.group(rank, "dpcp") for r in self.group(d, "tp"))
         return [self.rank(Coords(**{**c.__dict__, dim: i})) for i in range(self.sizes[dim])]
 
     def expert_group(self, rank: int, dim: str) -> list[int]:

@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from echo.config.workload import ModelConfig
+from echo.training import fused
 from echo.training.layers import RecomputeHook, attention_core
 
 ROPE_THETA = 500_000.0  # Llama 3's base frequency
@@ -22,9 +23,9 @@ def rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels of x [b, heads, s, d] by their position's angle."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
+    """Rotate pairs of channels of x [b, heads, s, d] by their position's angle, in one fused
+    kernel as Megatron's apply_rope_fusion (fused.py)."""
+    return fused.fused_rope(x, cos, sin)
 
 
 class Attention(nn.Module):

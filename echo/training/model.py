@@ -15,11 +15,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from echo.config.workload import ModelConfig, Workload
-from echo.training import llama, moe
+from echo.training import fused, llama, moe
 from echo.training.layers import RecomputeHook, attention_core, dropout, recomputed
 from echo.training.layout import chunk_slots
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# fp8: the linears of the blocks run in FP8 (fp8.py), everything else in bf16
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16}
 
 class Attention(nn.Module):
     """GPT attention: fused QKV (per-head [q, k, v] layout, as Megatron-LM) and an output projection."""
@@ -141,6 +142,9 @@ def build_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -
         from echo.training.custom import build_module_chunks
 
         return build_module_chunks(w, pp_rank, hook)
-    return [ModelChunk(w.model, len(slot.layers), first=slot.first, last=slot.last,
-                       recompute=w.training.recompute, hook=hook, ep=w.parallel.ep)
-            for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]
+    chunks = [ModelChunk(w.model, len(slot.layers), first=slot.first, last=slot.last,
+                         recompute=w.training.recompute, hook=hook, ep=w.parallel.ep)
+              for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]
+    for chunk in chunks:  # Llama's RMSNorms as the one fused kernel a GPU runs (fused.py)
+        fused.fuse_rms_norms(chunk)
+    return chunks

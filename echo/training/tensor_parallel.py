@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from echo.training import fp8
 from echo.training.hf_parallel import parallelize_hf_block
 
 
@@ -76,20 +77,48 @@ class _GatherLinear(torch.autograd.Function):
     (recorded as recompute), then reduce-scatters the input gradient back to shards."""
 
     @staticmethod
-    def forward(ctx, x_shard, weight, bias, group, hook):
+    def forward(ctx, x_shard, weight, bias, group, hook, fp8_state=None):
+        ctx.group, ctx.hook, ctx.has_bias, ctx.fp8 = group, hook, bias is not None, fp8_state
+        if fp8_state is not None:
+            return _GatherLinear._fp8_forward(ctx, x_shard, weight, bias)
         ctx.save_for_backward(x_shard, weight)
-        ctx.group, ctx.hook, ctx.has_bias = group, hook, bias is not None
         return F.linear(funcol.all_gather_tensor(x_shard, 1, group), weight, bias)
 
     @staticmethod
+    def _fp8_forward(ctx, x_shard, weight, bias):
+        """Transformer Engine's sequence-parallel FP8 linear: the shard is quantized (one scale
+        for the whole tensor: current scaling all-reduces the amax first) and gathered in FP8;
+        backward gathers the saved FP8 shard again and transposes it for the weight gradient."""
+        s, (b, n, h) = ctx.fp8, x_shard.shape
+        shard2d = x_shard.reshape(b * n, h)
+        fp8.amax_reduce_tp(s, shard2d)
+        q, sq, _, _ = fp8.quantize_input(s, shard2d, columnwise=False)
+        x8 = funcol.all_gather_tensor(q, 0, ctx.group)
+        y = fp8.forward_gemm(s, (x8, sq), weight)
+        y = y + bias if bias is not None else y
+        ctx.save_for_backward(q, sq, weight)
+        ctx.x_shape = (b, n * (x8.shape[0] // q.shape[0]), h)
+        return y.view(*ctx.x_shape[:-1], y.shape[-1])
+
+    @staticmethod
     def backward(ctx, grad):
+        grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
+        if ctx.fp8 is not None:
+            q, sq, weight = ctx.saved_tensors
+            with ctx.hook():
+                x8 = funcol.all_gather_tensor(q, 0, ctx.group)
+                # the FP8 transpose the weight-gradient GEMM reads (FP4 packs two values per byte)
+                xt = x8.t().contiguous().reshape(ctx.x_shape[-1], -1)
+            st = sq.new_empty(fp8._scale_shape(ctx.fp8.recipe, xt.shape[0], xt.shape[1] * ctx.fp8.recipe.packed, False))
+            dx, grad_w = fp8.backward_gemms(ctx.fp8, grad.flatten(0, -2), (xt, st), weight, True, True)
+            grad_x = funcol.reduce_scatter_tensor(dx.view(*grad.shape[:-1], -1), "sum", 1, ctx.group)
+            return grad_x, grad_w, grad_b, None, None, None
         x_shard, weight = ctx.saved_tensors
         with ctx.hook():
             x = funcol.all_gather_tensor(x_shard, 1, ctx.group)
         grad_x = funcol.reduce_scatter_tensor(grad.matmul(weight), "sum", 1, ctx.group)
         grad_w = grad.flatten(0, -2).t().matmul(x.flatten(0, -2))
-        grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def gather_in_linear(linear: torch.nn.Linear, mesh: DeviceMesh, hook) -> None:
@@ -99,7 +128,8 @@ def gather_in_linear(linear: torch.nn.Linear, mesh: DeviceMesh, hook) -> None:
     def forward(self, x):
         local = x.to_local() if isinstance(x, DTensor) else x  # the hook only wrapped the shard
         bias = self.bias.to_local() if self.bias is not None else None
-        y = _GatherLinear.apply(local, self.weight.to_local(), bias, group, hook)
+        state = fp8.active() if getattr(self, "echo_fp8", False) else None
+        y = _GatherLinear.apply(local, self.weight.to_local(), bias, group, hook, state)
         return DTensor.from_local(y, mesh, [Shard(-1)], run_check=False)
 
     linear.forward = types.MethodType(forward, linear)

@@ -6,8 +6,9 @@ Three tables of the reference folder (``echo.reference``; its README gives the s
   80GB with HDR InfiniBand (``a100-sxm-80gb`` / ``dgx-a100-hdr``).
 - ``megatron_core_h100.csv``: the Megatron-LM README's Megatron-Core r0.8.0 table. GPT 1.7B-462B
   on H100 (``h100-sxm-80gb`` / ``dgx-h100-ndr``).
-- ``megatron_bridge_perf_all.csv``: the Megatron-Bridge performance summary; its BF16 pre-training
-  rows on DGX-H100 of models with a shipped config.json (``BRIDGE_MODELS``). None is a fit row.
+- ``megatron_bridge_perf_all.csv``: the Megatron-Bridge performance summary: its pre-training rows
+  of models with a shipped config.json on DGX H100 / B200 / B300 / GB200 / GB300, in BF16, FP8,
+  MXFP8 and NVFP4 (echo.validate.bridge), each with the split declared in config/splits/.
 
 Each row becomes ``config/workloads/{name}.yaml`` (``write_workloads``; the files are committed and
 a test checks they match this module). What a row states is copied; what it leaves unstated
@@ -50,12 +51,14 @@ SC21 = Source("sc21", "megatron_sc21_table1_a100.csv", "a100-sxm-80gb", "dgx-a10
               "Megatron-LM, SC21, Table 1")
 MCORE = Source("mcore-h100", "megatron_core_h100.csv", "h100-sxm-80gb", "dgx-h100-ndr",
                "NVIDIA Megatron-LM README, performance section (Megatron-Core r0.8.0)")
-BRIDGE = Source("mbridge-h100", "megatron_bridge_perf_all.csv", "h100-sxm-80gb", "dgx-h100-ndr",
+BRIDGE = Source("mbridge", "megatron_bridge_perf_all.csv", "h100-sxm-80gb", "dgx-h100-ndr",
                 "NVIDIA-NeMo Megatron-Bridge performance summary (docs/performance-summary*.md)")
 SOURCES = (SC21, MCORE, BRIDGE)
-# Megatron-Bridge models Echo ships a config.json for (config/models/), by the table's name. Only
-# BF16 pre-training rows on DGX-H100 are taken: the compute model has no FP8 kernels yet.
-BRIDGE_MODELS = {"GPT OSS 120B": "gpt-oss-120b"}
+# Each table's declared fit rows (the rest are validation rows; errors are headlined on those):
+# Megatron-Core's even rows were declared the step-time fit rows (echo.fit.step) before their
+# errors were looked at; SC21 fits nothing; Megatron-Bridge's split is its sidecar file
+# (config/splits/megatron_bridge_perf_all.csv, echo.validate.bridge).
+DECLARED_FIT_ROWS = {"sc21": (), "mcore-h100": ("7.1B", "32B", "119B", "314B")}
 
 # What each source states about its runs beyond the table's columns, and the defaults chosen for
 # what it does not state (written into every generated file).
@@ -86,16 +89,20 @@ ROW_DEFAULTS = {
                   "the stated overlaps as overlap_grad_reduce, overlap_param_gather and (where tp > 1, as "
                   "there is no TP communication otherwise) tp_comm_overlap",
     },
-    "mbridge-h100": {
-        "stated": "the model (its published config.json), BF16, GBS, MBS, sequence length, TP, PP, CP, VP, "
-                  "EP and the GPU count (DP = GPUs / (TP x PP x CP)); the measured step time is the table's "
-                  "step_time_s_derived, GBS x seq / (tokens/s/GPU x GPUs)",
-        "chosen": "from the Megatron-Bridge recipe of the model (recipes/gpt_oss/gpt_oss.py "
-                  "gpt_oss_120b_pretrain_config), the row being silent: the distributed optimizer (zero 1) "
-                  "with overlap_grad_reduce and overlap_param_gather, no activation recompute, sequence "
-                  "parallelism when tp > 1, no TP-comm or expert-parallel communication overlap; 1F1B when VP "
-                  "is n/a or 1; dropout 0 (the config's attention_dropout). Rows whose GA contradicts "
-                  "GBS / (MBS x DP) are left out",
+    "mbridge": {
+        "stated": "the model (its published config.json), the precision, GBS, MBS, sequence length, TP, PP, CP, VP, "
+                  "EP, the system and the GPU count (DP = GPUs / (TP x PP x CP)); the measured step time is the "
+                  "table's step_time_s_derived, GBS x seq / (tokens/s/GPU x GPUs)",
+        "chosen": "where Megatron-Bridge's performance presets are not transcribed (config/validation/"
+                  "megatron_bridge_settings.csv): the distributed optimizer (zero 1) with overlap_grad_reduce and "
+                  "overlap_param_gather, sequence parallelism and tp_comm_overlap when tp > 1, no activation "
+                  "recompute, no expert-parallel communication overlap (not modelled), dropout 0; pipeline stages "
+                  "split as Megatron's account_for_embedding / account_for_loss_in_pipeline_split do when the layers "
+                  "do not divide evenly (the embedding and the loss each count as a layer, so the first and last "
+                  "virtual stage hold one layer less); 1F1B when VP is n/a or 1, interleaved otherwise. FP8 is "
+                  "Transformer Engine's: current scaling for FP8 / FP8-CS (the presets define FP8_CS, FP8_MX and "
+                  "NVFP4 and no delayed scaling), MXFP8 for MXFP8 / FP8-MX, NVFP4; FP8 parameter gathers off. "
+                  "Multi-token prediction (DeepSeek-V3) is not modelled",
     },
 }
 
@@ -111,18 +118,22 @@ class Row:
     tflops_per_gpu: float
     measured_step_s: float
     model_tag: str = "gpt"    # the model in the workload name
+    system: tuple[str, str] | None = None   # (hardware, topology) where the source's rows ran on several
+    workload_name: str = ""   # the workload's name where several rows share one workload (Megatron-Bridge)
+    split: str = "validation"  # fit | validation: the table's declared split (config/splits/)
+    published_note: str = ""  # the header's "Published:" line where several rows share the workload
 
     @property
     def name(self) -> str:
-        return f"{self.source.key}-{self.model_tag}-{self.label.lower()}"
+        return self.workload_name or f"{self.source.key}-{self.model_tag}-{self.label.lower()}"
 
     @property
     def hardware(self) -> str:
-        return self.source.hardware
+        return self.system[0] if self.system else self.source.hardware
 
     @property
     def topology(self) -> str:
-        return self.source.topology
+        return self.system[1] if self.system else self.source.topology
 
 
 def virtual_stages(layers: int, pp: int) -> int:
@@ -179,37 +190,12 @@ _ROW_SPEC = {
 }
 
 
-def bridge_rows(reference_dir: Path | None = None) -> list[Row]:
-    """The Megatron-Bridge rows Echo can express (``BRIDGE_MODELS``, BF16 pre-training on DGX-H100)."""
-    out = []
-    for r in _read(reference_file(BRIDGE.file, reference_dir)):
-        tag = BRIDGE_MODELS.get(r["Model"])
-        if tag is None or r["System"] != "DGX-H100" or r["Precision"] != "BF16" or r["section"] != "Pre-Training Performance":
-            continue
-        gpus, tp, pp, cp = int(r["#-GPUs"]), int(r["TP"]), int(r["PP"]), int(r["CP"])
-        ep = int(r["EP"]) if r["EP"] not in ("", "n/a") else 1
-        vp = int(r["VP"]) if r["VP"] not in ("", "n/a") else 1
-        gbs, mbs, seq = int(r["GBS"]), int(r["MBS"]), int(r["Sequence Length"])
-        dp = gpus // (tp * pp * cp)
-        if r["GA"] not in ("", "n/a") and int(r["GA"]) != gbs // (mbs * dp):
-            continue  # the row's own figures disagree (ROW_DEFAULTS)
-        par = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": 1, "sequence_parallel": tp > 1,
-               "schedule": "interleaved" if vp > 1 else "1f1b", **({"virtual_stages": vp} if vp > 1 else {}),
-               "overlap_grad_reduce": True, "overlap_param_gather": True}
-        w = {"description": f"{r['Model']} of {BRIDGE.citation}, container {r['container']} ({r['file']} line "
-                            f"{r['line']}); generated by echo.validate.published from {BRIDGE.file} (echo.reference)",
-             "model": {"hf_config": f"config/models/{tag}.json", "seq_len": seq},
-             "parallel": par,
-             "training": {"global_batch": gbs, "micro_batch": mbs, "dtype": "bf16", "recompute": "none"}}
-        tflops = float(r["Model TFLOP / sec / GPU"].split()[0])
-        out.append(Row(BRIDGE, r["container"], w, gpus, tflops, float(r["step_time_s_derived"]), model_tag=tag))
-    return out
-
-
 def source_rows(src: Source, reference_dir: Path | None = None) -> list[Row]:
     """The rows of one published table as workloads (``_ROW_SPEC`` and ``ROW_DEFAULTS``);
     ``reference_dir``: the reference folder, as for ``echo.reference.reference_root``."""
     if src is BRIDGE:
+        from echo.validate.bridge import bridge_rows  # it builds on this module's Row and Source
+
         return bridge_rows(reference_dir)
     spec = _ROW_SPEC[src.key]
     out = []
@@ -224,7 +210,8 @@ def source_rows(src: Source, reference_dir: Path | None = None) -> list[Row]:
              "parallel": _parallel(tp, pp, dp, layers, spec["layout"](tp, dp), spec["overlaps"](tp, dp)),
              "training": {"global_batch": batch, "micro_batch": 1, **spec["training"]}}
         step = spec["flops"](batch, s, layers, h, vocab) / (gpus * tflops * 1e12)
-        out.append(Row(src, label, w, gpus, tflops, step))
+        split = "fit" if label in DECLARED_FIT_ROWS[src.key] else "validation"
+        out.append(Row(src, label, w, gpus, tflops, step, split=split))
     return out
 
 
@@ -241,6 +228,7 @@ def workload_yaml(row: Row) -> str:
     d = ROW_DEFAULTS[row.source.key]
     header = [
         f"# Generated by `python -m echo.validate.published` from {row.source.file} (echo.reference); do not edit.",
+        f"# Published: {row.published_note}" if row.published_note else
         f"# Published: {row.tflops_per_gpu:g} TFLOP/s per GPU on {row.gpus} GPUs "
         f"-> {row.measured_step_s:.3f} s per iteration ({row.hardware}, {row.topology}).",
         f"# Stated by the source: {d['stated']}.",
@@ -280,8 +268,9 @@ def write_workloads(config_dir: Path, reference_dir: Path | None = None) -> list
 # --- predictions next to measurements --------------------------------------------------------
 
 PUBLISHED = pa.schema([
-    ("table", pa.string()),                    # sc21 | mcore-h100 | mbridge-h100
-    ("row", pa.string()),                      # the row's model size as printed
+    ("table", pa.string()),                    # sc21 | mcore-h100 | mbridge
+    ("row", pa.string()),                      # the row's model size as printed (Megatron-Bridge: container)
+    ("split", pa.string()),                    # fit | validation (the table's declared split)
     ("workload", pa.string()),
     ("hardware", pa.string()),
     ("topology", pa.string()),
@@ -311,7 +300,7 @@ def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
             continue
         pred = s["step_time_s"]
         out.append({
-            "table": row.source.key, "row": row.label, "workload": row.name, "hardware": row.hardware,
+            "table": row.source.key, "row": row.label, "split": row.split, "workload": row.name, "hardware": row.hardware,
             "topology": row.topology, "gpus": row.gpus, "predicted_step_time_s": pred,
             "measured_step_time_s": row.measured_step_s, "error": pred / row.measured_step_s - 1,
             "predicted_tflops_per_gpu": row.tflops_per_gpu * row.measured_step_s / pred,
@@ -322,10 +311,13 @@ def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
     return pa.Table.from_pylist(out, schema=PUBLISHED)
 
 
-def table_errors(table: pa.Table) -> dict[str, dict]:
-    """Per source table: rows, mean absolute error, and the worst row."""
+def table_errors(table: pa.Table, split: str | None = "validation") -> dict[str, dict]:
+    """Per source table: rows, mean absolute error, and the worst row, over the rows of ``split``
+    (validation: the accuracy figures; fit: the rows a parameter was fitted on; None: all)."""
     out: dict[str, dict] = {}
     for r in table.to_pylist():
+        if split is not None and r.get("split", "validation") != split:
+            continue
         t = out.setdefault(r["table"], {"rows": 0, "abs": [], "worst": None})
         t["rows"] += 1
         t["abs"].append(abs(r["error"]))
@@ -351,6 +343,21 @@ def plot_published(table: pa.Table, path: Path) -> None:
                                            xlabel="measured step time (s, from published TFLOP/s per GPU)"), path)
 
 
+def plot_error_by_layout(table: pa.Table, workloads_dir: Path, path: Path) -> list[dict]:
+    """Each row's error against the TP, PP, CP and EP degree of its workload file
+    (``workloads_dir/<workload>.yaml``, ``parallel``; cp and ep default to 1), one marker per table,
+    hollow for fit rows where the table has a ``split`` column. Returns the points plotted."""
+    from echo.report import plots
+
+    points = []
+    for r in table.to_pylist():
+        parallel = yaml.safe_load((Path(workloads_dir) / f"{r['workload']}.yaml").read_text()).get("parallel") or {}
+        points.append({"table": r["table"], "label": r["row"], "workload": r["workload"], "error": r["error"],
+                       "split": r.get("split"), **{d: int(parallel.get(d) or 1) for d in plots.LAYOUT_DIMS}})
+    plots.save(plots.error_by_layout(points, band=0.10, title="Echo vs published measurements: error by layout"), path)
+    return points
+
+
 def run_validate(rows: list[Row], summary_paths: dict[str, Path], out_path: Path, plot_path: Path) -> pa.Table:
     """published.parquet and its plot from the simulated summaries of the rows' workloads."""
     import pyarrow.parquet as pq
@@ -359,6 +366,8 @@ def run_validate(rows: list[Row], summary_paths: dict[str, Path], out_path: Path
     table = published_table(rows, summaries)
     write_parquet(table, out_path, PUBLISHED)
     plot_published(table, plot_path)
+    from echo.config.loader import CONFIG_ROOT
+    plot_error_by_layout(table, CONFIG_ROOT / "workloads", plot_path.with_name(f"{plot_path.stem}_by_layout.png"))
     return table
 
 

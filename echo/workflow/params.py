@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from echo.config import load_hardware, load_topology, load_workload
-from echo.config.loader import check_placement, config_path
+from echo.config.loader import check_numerics, check_placement, config_path
 from echo.errors import ConfigError
 from echo.sweep import expansion, is_sweep_name, layouts_table, shared_trace, sweep_workload
 from echo.workflow import paths
@@ -56,6 +56,12 @@ def topology_params(wildcards, root: Path = CONFIG_DIR) -> dict:
     return topology_config(wildcards.topology, root).model_dump()
 
 
+def numerics_checked(wildcards, root: Path = CONFIG_DIR) -> None:
+    """The workload's precision (FP8 recipe) runs on the hardware's tensor cores."""
+    check_numerics(workload_config(wildcards.workload, root), hardware_config(wildcards.hardware, root),
+                   config_path("hardware", wildcards.hardware, root))
+
+
 def placed_topology_params(wildcards, root: Path = CONFIG_DIR) -> dict:
     """The topology slice of a simulate job, after checking the workload fits its nodes."""
     topology = topology_config(wildcards.topology, root)
@@ -78,9 +84,10 @@ CONFIG_PARAMS = {
 
 def validated(*kinds: str, root: Path = CONFIG_DIR):
     """An input function that adds no files: it checks the named configs of the job's wildcards
-    (workload, hardware, topology, placement = topology + workload fit)."""
+    (workload, hardware, topology, placement = topology + workload fit, numerics = the workload's
+    precision on the hardware)."""
     check = {"workload": workload_params, "hardware": hardware_params, "topology": topology_params,
-             "placement": placed_topology_params}
+             "placement": placed_topology_params, "numerics": numerics_checked}
 
     def inputs(wildcards) -> list:
         for kind in kinds:

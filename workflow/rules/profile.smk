@@ -13,7 +13,7 @@ from echo.profile.kineto import dropped_in_trace
 
 rule profile:
     input:
-        validated("hardware"),
+        validated("hardware", "numerics"),
         unpack(lambda wc: dropped_in_trace(wc.workload, wc.hardware)),
         **paths.trace_tables(),
     output:

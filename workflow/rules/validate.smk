@@ -62,6 +62,7 @@ rule validate:
     output:
         table=paths.VALIDATE("published.parquet"),
         plot=paths.VALIDATE("published.png"),
+        plot_by_layout=paths.VALIDATE("published_by_layout.png"),  # run_validate: <plot stem>_by_layout.png
     params:
         rows=[r.name for r in PUBLISHED_ROWS],
         reference=lambda w, input: str(Path(input.references[0]).parent),
