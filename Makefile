@@ -33,7 +33,7 @@ validate: venv
 
 # The hardware fits, results/fit/{hardware}.json (echo.fit.kernels, on the reference folder's per-kernel
 # tables and the split of config/splits/kernel_tables.yaml; not part of `make run`: they need the
-# reference folder). `python -m echo.fit --write` runs the same fit and writes each file's
+# reference folder). `python -m echo fit --write` runs the same fit and writes each file's
 # compute_model section (tests/test_kernel_model.py and tests/test_fit.py say when it is due).
 .PHONY: fit
 FITS ?= a100-sxm-80gb h100-sxm-80gb h200-sxm-141gb b200-sxm gb200 b300-sxm gb300

@@ -328,7 +328,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=3, help="best layouts to show (default 3)")
 
     add("versions", cmd_versions, "print each stage's code version (what the workflow's params compare)")
+
+    p = add("fit", cmd_fit, "fit hardware files' kernel models to the reference folder's per-kernel tables "
+            "(default: every fitted and transferred GPU) and print the errors")
+    p.add_argument("hardware", nargs="*", help="hardware files (default: every fitted or transferred GPU)")
+    p.add_argument("--write", action="store_true", help="replace each file's compute_model section with the fit's "
+                   "values, provenance and fitted_by (today's fit code version)")
     return parser
+
+
+def cmd_fit(args) -> int:
+    """`python -m echo fit [--write] [hardware ...]`: `make fit` runs the same fit through the workflow."""
+    import json
+
+    from echo.config import CONFIG_ROOT
+    from echo.fit import kernels
+    from echo.workflow.versions import code_version
+
+    code = code_version("fit")
+    root = args.config_dir or CONFIG_ROOT
+    for name in args.hardware or [*kernels.FITTED, *kernels.SAME_SILICON]:
+        doc = kernels.fit_kernels(name)
+        print(f"{name}: mean |error| % {json.dumps(doc['errors'], default=float)}")
+        path = root / "hardware" / f"{name}.yaml"
+        if args.write and path.is_file():
+            kernels.write_compute_model(path, doc, code)
+            print(f"  wrote {path} (fit code {code})")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

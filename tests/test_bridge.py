@@ -30,7 +30,7 @@ def test_declared_split_covers_every_row(reference):
 def test_rows_map_precision_system_and_layout(reference):
     rows = bridge.bridge_rows(reference)
     by_name = {r.name: r for r in rows}
-    llama = by_name["mbridge-h100-llama-3.1-70b-fp8cs-64g-tp4pp8cp1vp5ep1-gbs256mbs1"]
+    llama = by_name["mbridge-h100-llama-3.1-70b-fp8cs-64g-tp4pp8cp1vp5ep1-gbs256mbs1-fp8ag"]
     assert (llama.hardware, llama.topology) == ("h100-sxm-80gb", "dgx-h100-ndr")
     w = load_workload(llama.name)
     assert (w.training.dtype, w.training.fp8_recipe) == ("fp8", "current")

@@ -255,7 +255,7 @@ def test_every_gpu_file_says_what_is_fitted_and_what_is_assumed(name):
 def test_no_shipped_fit_is_stale():
     """Each hardware file's fitted values came from today's fit code. When this fails, the fit's
     code (or what it imports: profile, config, and through echo.fit.compute/step the tracer and the
-    simulator) changed: run `python -m echo.fit --write` (or `make fit` and copy each
+    simulator) changed: run `python -m echo fit --write` (or `make fit` and copy each
     results/fit/<hardware>.json). tests/test_kernel_model.py re-fits every GPU from the tables."""
     assert fit.stale_fits(code_version("fit")) == []
 

@@ -127,3 +127,20 @@ def test_fp8_settings_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="fp8_param_gather"):
         parse_workload({**base, "training": {"global_batch": 1, "dtype": "fp8", "fp8_recipe": "delayed",
                                              "fp8_param_gather": True}, "parallel": {"zero": 0}}, tmp_path / "w.yaml")
+
+
+def test_a_recipe_the_gpu_lacks_is_refused(tmp_path):
+    from echo.config import load_hardware
+    from echo.config.loader import check_numerics
+
+    w = parse_workload({"model": GPT, "parallel": {}, "training": {"global_batch": 1, "dtype": "fp8",
+                                                                  "fp8_recipe": "mxfp8"}}, tmp_path / "w.yaml")
+    check_numerics(w, load_hardware("b200-sxm"), "b200-sxm.yaml")  # Blackwell: block-scaled tensor cores
+    with pytest.raises(ConfigError, match="peak_tflops.fp4"):
+        check_numerics(w, load_hardware("h100-sxm-80gb"), "h100-sxm-80gb.yaml")
+    delayed = w.model_copy(update={"training": w.training.model_copy(update={"fp8_recipe": "delayed"})})
+    check_numerics(delayed, load_hardware("h100-sxm-80gb"), "h100-sxm-80gb.yaml")
+    with pytest.raises(ConfigError, match="peak_tflops.fp8"):
+        check_numerics(delayed, load_hardware("a100-sxm-80gb"), "a100-sxm-80gb.yaml")
+    with pytest.raises(ConfigError, match="needs a GPU"):
+        check_numerics(w, load_hardware("local-cpu"), "local-cpu.yaml")

@@ -108,7 +108,7 @@ def test_the_split_is_the_declared_one(reference):
 @pytest.mark.parametrize("name", [*kernels.FITTED, *kernels.SAME_SILICON])
 def test_the_shipped_values_are_todays_fit(fits, name):
     """The hardware file holds what the fit gives (values and provenance status); when this fails,
-    run `python -m echo.fit --write` (or `make fit` and copy results/fit/<hardware>.json)."""
+    run `python -m echo fit --write` (or `make fit` and copy results/fit/<hardware>.json)."""
     hw, doc = load_hardware(name), fits[name]
     assert kernels.check_file(hw, doc) == []
     for leaf in hw.compute_model.parameter_names():

@@ -714,5 +714,7 @@ def write_compute_model(path: Path, doc: dict, code: str | None) -> None:
 
     body = yaml.dump({"compute_model": compute_model_section(doc, code)}, Dumper=Dumper, sort_keys=False,
                      width=110, allow_unicode=True)
-    path.write_text(head + "# compute_model: written by `python -m echo.fit --write` from the fit (echo.fit.kernels); "
-                    "do not edit by hand\n" + body)
+    note = "# compute_model: written by `python -m echo fit --write` from the fit (echo.fit.kernels); do not edit by hand\n"
+    # the note is written once: a re-run finds it above the section and keeps the head as it is
+    head = "".join(line for line in head.splitlines(keepends=True) if line != note)
+    path.write_text(head + note + body)

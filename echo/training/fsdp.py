@@ -39,11 +39,12 @@ def resident_unsharded(chunks: list[nn.Module], parallel) -> int:
     under pipeline parallelism (torchtitan does not reshard after forward then, and the pipeline
     schedule defers gradient reduction to the last micro-batch: data_parallel.memory_model), none
     otherwise (each unit is gathered for its forward and backward: working memory)."""
-    if parallel.zero != 3 or parallel.pp == 1 or parallel.dp == 1:
+    shard = parallel.dp * parallel.cp  # FSDP shards over the dp x cp ranks (dp_tp_mesh)
+    if parallel.zero != 3 or parallel.pp == 1 or shard == 1:
         return 0
     from echo.training.data_parallel import local_params
 
-    return sum(p.numel() for p in local_params(chunks)) * parallel.dp
+    return sum(p.numel() for p in local_params(chunks)) * shard
 
 
 def apply_fsdp(chunks: list[nn.Module], mesh: DeviceMesh, compute_dtype: torch.dtype) -> None:

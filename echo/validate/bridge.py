@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from echo.reference import reference_file
-from echo.validate.published import BRIDGE, Row, _read
+from echo.validate.rows import BRIDGE, Row, _read
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"
 SPLIT_FILE = CONFIG / "splits" / "megatron_bridge_perf_all.csv"

@@ -57,15 +57,14 @@ _COMPILE = ("; torch.compile: Echo traces eager blocks (closest: with full AC th
 _OP_SAC = ("activation checkpointing 'selective' is torchtitan's op-level SAC (selective_ac_option = 'op': keep the "
            "outputs of every second matmul and of SDPA, recompute the rest); Echo's recompute is none | selective "
            "(the attention core, Korthikanti et al.) | full")
-_FSDP_CP = "context parallelism with FSDP (zero 3) is not traced yet (echo.trace.runner)"
 TORCHTITAN: dict[tuple[str, str, int, int], tuple[str | None, str]] = {
     ("T1", "FSDP", 8, 1): (None, _OP_SAC),
     ("T1", "FSDP+torch.compile", 8, 1): (None, _OP_SAC),
     ("T1", "FSDP+torch.compile+Float8", 8, 1): (None, _OP_SAC),
     ("T2", "FSDP+CP+torch.compile+Float8", 8, 1): ("titan-h100-llama3.1-8b-fsdp8-seq32k", "closest" + _COMPILE),
-    ("T2", "FSDP+CP+torch.compile+Float8", 4, 2): (None, _FSDP_CP),
-    ("T2", "FSDP+CP+torch.compile+Float8", 2, 4): (None, _FSDP_CP),
-    ("T2", "FSDP+CP+torch.compile+Float8", 1, 8): (None, _FSDP_CP),
+    ("T2", "FSDP+CP+torch.compile+Float8", 4, 2): ("titan-h100-llama3.1-8b-fsdp4-cp2-seq64k", "closest" + _COMPILE),
+    ("T2", "FSDP+CP+torch.compile+Float8", 2, 4): ("titan-h100-llama3.1-8b-fsdp2-cp4-seq128k", "closest" + _COMPILE),
+    ("T2", "FSDP+CP+torch.compile+Float8", 1, 8): ("titan-h100-llama3.1-8b-fsdp1-cp8-seq256k", "closest" + _COMPILE),
     ("T3", "FSDP", 128, 1): (None, _OP_SAC),
     ("T3", "FSDP+torch.compile", 128, 1): (None, _OP_SAC),
     ("T3", "FSDP+torch.compile+Float8", 128, 1): (None, _OP_SAC),
@@ -79,9 +78,12 @@ TORCHTITAN: dict[tuple[str, str, int, int], tuple[str | None, str]] = {
         "titan-h100-llama3.1-405b-fsdp8-tp8-pp8-interleaved", "closest" + _COMPILE + "; AsyncTP as tp_comm_overlap"),
     ("T6", "4D+torch.compile+Float8+AsyncTP+1F1B", 8, 1): (
         "titan-h100-llama3.1-405b-fsdp8-tp8-pp8-seq32k", "closest" + _COMPILE + "; AsyncTP as tp_comm_overlap"),
-    ("T6", "4D+torch.compile+Float8+AsyncTP+1F1B", 4, 2): (None, _FSDP_CP),
-    ("T6", "4D+torch.compile+Float8+AsyncTP+1F1B", 2, 4): (None, _FSDP_CP),
-    ("T6", "4D+torch.compile+Float8+AsyncTP+1F1B", 1, 8): (None, _FSDP_CP),
+    ("T6", "4D+torch.compile+Float8+AsyncTP+1F1B", 4, 2): (
+        "titan-h100-llama3.1-405b-fsdp4-cp2-tp8-pp8-seq64k", "closest" + _COMPILE + "; AsyncTP as tp_comm_overlap"),
+    ("T6", "4D+torch.compile+Float8+AsyncTP+1F1B", 2, 4): (
+        "titan-h100-llama3.1-405b-fsdp2-cp4-tp8-pp8-seq128k", "closest" + _COMPILE + "; AsyncTP as tp_comm_overlap"),
+    ("T6", "4D+torch.compile+Float8+AsyncTP+1F1B", 1, 8): (
+        "titan-h100-llama3.1-405b-fsdp1-cp8-tp8-pp8-seq256k", "closest" + _COMPILE + "; AsyncTP as tp_comm_overlap"),
 }
 
 
@@ -113,11 +115,13 @@ def traced_stages(pp: int) -> list[int]:
 
 
 def _trace_key(w: Workload) -> str:
-    from echo.workflow.versions import code_version
-
+    """The cache key of a workload's trace: what the tracer reads and the tracer's own source (the
+    packages it runs; the workflow's code_version sits a layer above and is not imported here)."""
     dump = {k: v for k, v in w.trace_dump().items() if k not in ("name", "description")}
-    body = json.dumps(dump, sort_keys=True, default=str) + code_version("trace")
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
+    package = Path(__file__).resolve().parents[1]
+    sources = b"".join(f.read_bytes() for d in ("config", "training", "trace") for f in sorted((package / d).glob("*.py")))
+    body = json.dumps(dump, sort_keys=True, default=str).encode() + hashlib.sha256(sources).digest()
+    return hashlib.sha256(body).hexdigest()[:16]
 
 
 def trace_tables(w: Workload, cache: Path | None = CACHE / "traces", jobs: int | None = None) -> dict[str, list[dict]]:

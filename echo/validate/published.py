@@ -22,9 +22,7 @@ included); Megatron-LM's ``num_floating_point_operations`` for Megatron-Core,
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,27 +31,9 @@ import yaml
 from echo.config.loader import parse_workload
 from echo.io import atomic_path, write_parquet
 from echo.reference import reference_file
+from echo.validate.bridge import bridge_rows
+from echo.validate.rows import BRIDGE, MCORE, SC21, SOURCES, Row, Source, _read  # noqa: F401  (re-exported)
 
-
-@dataclass(frozen=True)
-class Source:
-    """One published table and where it ran."""
-
-    key: str          # workload name prefix
-    file: str
-    hardware: str
-    topology: str
-    citation: str
-
-
-SC21 = Source("sc21", "megatron_sc21_table1_a100.csv", "a100-sxm-80gb", "dgx-a100-hdr",
-              "Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using "
-              "Megatron-LM, SC21, Table 1")
-MCORE = Source("mcore-h100", "megatron_core_h100.csv", "h100-sxm-80gb", "dgx-h100-ndr",
-               "NVIDIA Megatron-LM README, performance section (Megatron-Core r0.8.0)")
-BRIDGE = Source("mbridge", "megatron_bridge_perf_all.csv", "h100-sxm-80gb", "dgx-h100-ndr",
-                "NVIDIA-NeMo Megatron-Bridge performance summary (docs/performance-summary*.md)")
-SOURCES = (SC21, MCORE, BRIDGE)
 # Each table's declared fit rows (the rest are validation rows; errors are headlined on those):
 # Megatron-Core's even rows were declared the step-time fit rows (echo.fit.step) before their
 # errors were looked at; SC21 fits nothing; Megatron-Bridge's split is its sidecar file
@@ -107,35 +87,6 @@ ROW_DEFAULTS = {
 }
 
 
-@dataclass(frozen=True)
-class Row:
-    """One published measurement, mapped onto an Echo workload."""
-
-    source: Source
-    label: str                # the row's model size as printed, e.g. "145.6B" (Megatron-Bridge: the container)
-    workload: dict            # the YAML content of the generated workload file
-    gpus: int
-    tflops_per_gpu: float
-    measured_step_s: float
-    model_tag: str = "gpt"    # the model in the workload name
-    system: tuple[str, str] | None = None   # (hardware, topology) where the source's rows ran on several
-    workload_name: str = ""   # the workload's name where several rows share one workload (Megatron-Bridge)
-    split: str = "validation"  # fit | validation: the table's declared split (config/splits/)
-    published_note: str = ""  # the header's "Published:" line where several rows share the workload
-
-    @property
-    def name(self) -> str:
-        return self.workload_name or f"{self.source.key}-{self.model_tag}-{self.label.lower()}"
-
-    @property
-    def hardware(self) -> str:
-        return self.system[0] if self.system else self.source.hardware
-
-    @property
-    def topology(self) -> str:
-        return self.system[1] if self.system else self.source.topology
-
-
 def virtual_stages(layers: int, pp: int) -> int:
     """Chunks per pipeline rank when the source does not say: the fewest chunks above one that
     split a stage's layers evenly (2 when its layer count is even; one layer per chunk when it
@@ -154,11 +105,6 @@ def sc21_flops(b: int, s: int, layers: int, h: int, vocab: int) -> float:
 def megatron_flops(b: int, s: int, layers: int, h: int, vocab: int) -> float:
     """Megatron-LM's num_floating_point_operations for a GPT (MHA, 4h MLP), no recomputation."""
     return 12 * b * s * layers * h * h * (6 + s / h + vocab / (2 * layers * h))
-
-
-def _read(path: Path) -> list[dict]:
-    with path.open() as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
 
 
 def _parallel(tp: int, pp: int, dp: int, layers: int, layout: dict, overlaps: dict) -> dict:
@@ -194,8 +140,6 @@ def source_rows(src: Source, reference_dir: Path | None = None) -> list[Row]:
     """The rows of one published table as workloads (``_ROW_SPEC`` and ``ROW_DEFAULTS``);
     ``reference_dir``: the reference folder, as for ``echo.reference.reference_root``."""
     if src is BRIDGE:
-        from echo.validate.bridge import bridge_rows  # it builds on this module's Row and Source
-
         return bridge_rows(reference_dir)
     spec = _ROW_SPEC[src.key]
     out = []
@@ -285,6 +229,7 @@ PUBLISHED = pa.schema([
     ("exposed_tp_s", pa.float64()),
     ("exposed_dp_s", pa.float64()),
     ("exposed_pp_s", pa.float64()),
+    ("exposed_ep_s", pa.float64()),            # expert-parallel all-to-alls (MoE)
     ("bubble_s", pa.float64()),
     ("fits", pa.bool_()),
     ("peak_mem_gib", pa.float64()),
@@ -306,7 +251,7 @@ def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
             "predicted_tflops_per_gpu": row.tflops_per_gpu * row.measured_step_s / pred,
             "measured_tflops_per_gpu": row.tflops_per_gpu,
             **{k: s.get(k) for k in ("compute_s", "exposed_comm_s", "exposed_tp_s", "exposed_dp_s", "exposed_pp_s",
-                                     "bubble_s", "fits", "peak_mem_gib")},
+                                     "exposed_ep_s", "bubble_s", "fits", "peak_mem_gib")},
         })
     return pa.Table.from_pylist(out, schema=PUBLISHED)
 
