@@ -165,7 +165,7 @@ def test_placement_checked_for_simulate(workflow_copy: Path) -> None:
     # calibrating the topology alone is fine; simulating 1,024 ranks on 6-GPU nodes is not
     assert dry_run(workflow_copy, "results/calibrate/six-gpu/network.json") == {job("calibrate", topology="six-gpu")}
     out = failed(snakemake(workflow_copy, "-n", "results/simulate/gpt3-175b/a100-sxm-80gb/six-gpu/trace.json"))
-    assert "config/topologies/six-gpu.yaml: gpus_per_node: world size 1024" in out
+    assert "config/topologies/six-gpu.yaml: gpus_per_node: workload 'gpt3-175b': world size 1024 is above 6" in out
 
 
 def test_bad_experiment_list_refused(workflow_copy: Path) -> None:
