@@ -12,10 +12,10 @@ from echo.validate import bridge
 
 
 def test_stage_layers_counts_embedding_and_loss_when_layers_do_not_divide():
-    assert bridge.stage_layers(80, 40) is None                  # Llama 3 70B, PP8 x VP5: 2 each
+    assert bridge.stage_layers(80, 40) == [2] * 40                # Llama 3 70B, PP8 x VP5: 2 each
     layout = bridge.stage_layers(126, 64)                       # Llama 3.1 405B, PP16 x VP4
     assert layout == [1] + [2] * 62 + [1] and sum(layout) == 126
-    assert bridge.stage_layers(61, 16) is False                 # DeepSeek-V3: 63 / 16 does not divide
+    assert bridge.stage_layers(61, 16) is None                  # DeepSeek-V3: 63 / 16 does not divide
 
 
 def test_declared_split_covers_every_row(reference):

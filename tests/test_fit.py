@@ -3,8 +3,6 @@
 - the GEMM model's drop for badly shaped GEMMs (its calibration: tests/test_kernel_model.py);
 - Korthikanti et al. 2022 Table 4 (one 22B GPT layer, TP8, DGX A100): each row traced by Echo and
   costed with the A100 file's kernel model, fitted on per-kernel tables only: within 10%;
-- whole jobs' step times (H100): the machinery that could fit a parameter on them, which by default
-  fits none, and the Megatron-Core rows as a validation where the workflow traced them;
 - the fit report, and the fit each hardware file names (none stale).
 """
 
@@ -18,11 +16,12 @@ import yaml
 from conftest import edit_yaml
 
 from echo import fit
-from echo.config import load_hardware
+from echo.config import load_hardware, load_topology
 from echo.errors import ConfigError
 from echo.fit import compute as cal
-from echo.fit import step as steps
-from echo.fit.common import network_model, with_params
+from echo.network import NetworkModel
+from echo.profile import roofline
+from echo.profile.kernel import Kernel
 from echo.workflow import paths
 from echo.workflow.versions import code_version
 
@@ -35,18 +34,29 @@ def test_copied_figures_match_the_reference_files(reference):
 
 
 # --- GEMM shape sweep ---------------------------------------------------------------------------
+def gemm_tflops(hw, m: int, n: int, k: int, batch: int = 1) -> float:
+    """Modelled throughput of one (batched) bf16 GEMM, TFLOP/s."""
+    a, b = ([m, k], [k, n]) if batch == 1 else ([batch, m, k], [batch, k, n])
+    name = "aten.mm.default" if batch == 1 else "aten.bmm.default"
+    args = json.dumps({"args": [{"T": a, "dt": "bfloat16"}, {"T": b, "dt": "bfloat16"}], "kwargs": {}})
+    kern = Kernel(f"{name}|{args}", name, "gemm", "compute", json.dumps([a, b]), "bfloat16",
+                  2.0 * m * n * k * batch, 2.0 * (m * k + k * n + m * n) * batch, args)
+    return kern.flops / roofline.estimate(hw, kern).duration_us / 1e6
+
+
+# --- GEMM shape sweep (modelled) ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["a100-sxm-80gb", "h100-sxm-80gb", "b200-sxm"])
 def test_gemm_shape_sweep_shows_the_expected_drop(name):
     """Throughput against shape: small M or K starve the GPU, odd sizes waste tiles and waves."""
     hw = load_hardware(name)
-    best = cal.gemm_tflops(hw, 16384, 16384, 16384)
-    m_sweep = [cal.gemm_tflops(hw, m, 8192, 8192) for m in (16, 64, 256, 1024, 4096, 16384)]
-    k_sweep = [cal.gemm_tflops(hw, 8192, 8192, k) for k in (32, 128, 512, 4096, 16384)]
+    best = gemm_tflops(hw, 16384, 16384, 16384)
+    m_sweep = [gemm_tflops(hw, m, 8192, 8192) for m in (16, 64, 256, 1024, 4096, 16384)]
+    k_sweep = [gemm_tflops(hw, 8192, 8192, k) for k in (32, 128, 512, 4096, 16384)]
     assert m_sweep == sorted(m_sweep) and k_sweep == sorted(k_sweep)  # more work per launch never hurts
     assert m_sweep[0] < 0.1 * best            # M=16: a GEMV-like shape is bandwidth-bound
     assert m_sweep[-1] > 0.95 * best          # a large square-ish GEMM is near the ceiling
     assert k_sweep[0] < 0.3 * best            # K=32: tile pipeline fill is not amortised
-    aligned, odd = cal.gemm_tflops(hw, 4096, 4096, 4096), cal.gemm_tflops(hw, 4097, 4097, 4096)
+    aligned, odd = gemm_tflops(hw, 4096, 4096, 4096), gemm_tflops(hw, 4097, 4097, 4096)
     assert odd < 0.93 * aligned               # one row/column more: a whole extra row of tiles
     assert all(t <= best * 1.02 for t in m_sweep + k_sweep + [aligned, odd])
 
@@ -54,8 +64,8 @@ def test_gemm_shape_sweep_shows_the_expected_drop(name):
 def test_batched_attention_sized_gemms_lose_to_large_ones():
     """The unfused attention GEMMs of Table 4's layer (32 heads x 2048 x 2048 x 96): short K."""
     hw = load_hardware("a100-sxm-80gb")
-    scores = cal.gemm_tflops(hw, 2048, 2048, 96, batch=32)
-    assert scores < 0.75 * cal.gemm_tflops(hw, 8192, 2304, 6144)
+    scores = gemm_tflops(hw, 2048, 2048, 96, batch=32)
+    assert scores < 0.75 * gemm_tflops(hw, 8192, 2304, 6144)
 
 
 # --- Korthikanti Table 4 ---------------------------------------------------------------------
@@ -71,7 +81,7 @@ def layer_traces():
 
 @pytest.fixture(scope="module")
 def network():
-    return network_model(cal.KORTHIKANTI_TOPOLOGY)
+    return NetworkModel(load_topology(cal.KORTHIKANTI_TOPOLOGY))
 
 
 def test_every_table4_row_is_traceable():
@@ -121,7 +131,7 @@ def test_layer_sum_equals_the_simulators_op_level_replay(layer_traces, network):
     sims = {}
     for layers in (1, 2):
         ops, comms = lt.ops[layers], lt.comms[layers]
-        kernels = {k.kernel_key: cal.roofline.estimate(hw, k).duration_us for k in distinct_kernels(ops)}
+        kernels = {k.kernel_key: roofline.estimate(hw, k).duration_us for k in distinct_kernels(ops)}
         rc = reduce_rank(ops.to_pylist(), {r["comm_id"]: r for r in comms.to_pylist()},
                          OpContext(kernels, CommTimer(network)))
         sims[layers] = (rc.forward[0].cost.duration_us, rc.backward[0].cost.duration_us)
@@ -130,98 +140,14 @@ def test_layer_sum_equals_the_simulators_op_level_replay(layer_traces, network):
     assert ours.backward_ms == pytest.approx((sims[2][1] - sims[1][1]) / 1e3, rel=1e-6)
 
 
-def test_the_layer_fit_machinery_recovers_a_known_value(layer_traces, network):
-    """fit_layers (kept for studies; no shipped value comes from it) finds the hbm_efficiency that made
-    a set of 'measurements'."""
-    import dataclasses
-
+def test_hbm_efficiency_moves_the_prediction(layer_traces, network):
+    """The rows depend on hbm_efficiency (fitted on HBM tables): a lower value makes every row slower."""
     hw = load_hardware(cal.KORTHIKANTI_HARDWARE)
-    truth = with_params(hw, hbm_efficiency=0.7)
-    made = {r.experiment: r for r in cal.evaluate(truth, layer_traces, network)}
-    traces = [dataclasses.replace(lt, row=dataclasses.replace(
-        lt.row, forward_ms=made[lt.row.experiment].predicted_forward_ms,
-        backward_ms=made[lt.row.experiment].predicted_backward_ms)) for lt in layer_traces]
-    report = cal.fit_layers(hw, network, traces=traces)
-    assert report.fitted["hbm_efficiency"] == pytest.approx(0.7, abs=0.005)
-
-
-def test_the_fit_moves_the_prediction(layer_traces, network):
-    """hbm_efficiency is identifiable from the rows: a lower value makes every row slower."""
-    hw = load_hardware(cal.KORTHIKANTI_HARDWARE)
-    slow = cal.evaluate(with_params(hw, hbm_efficiency=0.5), layer_traces, network)
+    slow = cal.evaluate(hw.model_copy(update={"compute_model": hw.compute_model.model_copy(update={"hbm_efficiency": 0.5})}),
+                        layer_traces, network)
     fast = cal.evaluate(hw, layer_traces, network)
     for s, f in zip(slow, fast, strict=True):
         assert s.predicted_forward_ms > 1.05 * f.predicted_forward_ms
-
-
-# --- whole jobs' step times (H100) ----------------------------------------------------------------
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def small_case(tmp_path_factory):
-    """A small sequence-parallel job traced for real, as a step-time case (its 'measurement' is set
-    by the test)."""
-    import pyarrow.parquet as pq
-
-    from echo.artifacts import RANK_CLASSES
-    from echo.config import parse_workload
-    from echo.dedup import rank_classes
-    from echo.io import read_parquet, write_parquet
-    from echo.profile.stage import distinct_kernels
-    from echo.trace import run_trace
-
-    root = tmp_path_factory.mktemp("step")
-    w = parse_workload({
-        "model": {"arch": "gpt", "layers": 2, "hidden": 512, "heads": 8, "vocab": 1024, "seq_len": 512},
-        "parallel": {"tp": 2, "pp": 1, "dp": 2, "zero": 1, "sequence_parallel": True, "tp_comm_overlap": True,
-                     "overlap_grad_reduce": True, "overlap_param_gather": True},
-        "training": {"global_batch": 8, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}},
-        Path("step-4.yaml"))
-    run_trace(w, root / "trace")
-    write_parquet(rank_classes(w, pq.read_table(root / "trace" / "ranks.parquet")), root / "rank_classes.parquet",
-                  RANK_CLASSES)
-    kernels = tuple(distinct_kernels(read_parquet(root / "trace" / "ops.parquet")))
-    return steps.StepCase("small", w, 1.0, root / "trace", root / "rank_classes.parquet", kernels)
-
-
-def test_step_time_fit_recovers_a_known_value(small_case):
-    """The machinery still fits a parameter it is asked to (none by default: STEP_FIT_PARAMS)."""
-    import dataclasses
-
-    network = network_model(steps.STEP_TOPOLOGY)
-    hw = load_hardware(steps.STEP_HARDWARE)
-    param = "gemm.bf16.peak_fraction"
-    truth = steps.step_times(with_params(hw, {param: 0.6}), [small_case], network)["small"]
-    faster = steps.step_times(with_params(hw, {param: 0.9}), [small_case], network)["small"]
-    assert faster < truth  # the parameter moves the simulated step
-    case = dataclasses.replace(small_case, measured_step_s=truth)
-    assert steps.STEP_FIT_PARAMS == () and steps.fit_step_times(hw, [case], network) == {}
-    assert steps.fit_step_times(hw, [case], network, (param,)) == pytest.approx({param: 0.6}, abs=0.002)
-    with pytest.raises(ValueError, match="at most half"):
-        steps.fit_steps(hw, [case], network, fit_rows=["small"])
-
-
-@pytest.mark.slow
-def test_megatron_core_step_times_under_the_kernel_model(reference):
-    """The Megatron-Core H100 rows simulated with the kernel model alone (fitted on per-kernel tables,
-    nothing on step times): a validation, printed (needs the workflow's traces of those rows:
-    snakemake results/dedup/mcore-h100-gpt-*/rank_classes.parquet)."""
-    results = REPO / paths.RESULTS
-    workloads = [r.name for r in steps.step_rows()]
-    traces = {w: (Path(paths.TRACE(workload=w, results=results)),
-                  Path(paths.DEDUP("rank_classes.parquet", workload=w, results=results))) for w in workloads}
-    try:
-        cases = steps.step_cases(traces, config_dir=REPO / "config")
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    network_json = Path(paths.CALIBRATE("network.json", topology=steps.STEP_TOPOLOGY, results=results))
-    hw = load_hardware(steps.STEP_HARDWARE)
-    report = steps.fit_steps(hw, cases, network_model(steps.STEP_TOPOLOGY, network_json if network_json.is_file() else None))
-    print("\n".join(steps.step_lines(report.rows)))
-    assert report.fitted == {}
-    errors = [abs(r["error_pct"]) for r in report.rows]
-    assert sum(errors) / len(errors) < 25  # loose: a validation of the whole simulator, not a kernel bound
 
 
 # --- the fit's report and the files ---------------------------------------------------------------
@@ -237,7 +163,6 @@ def test_fit_report_holds_values_errors_inputs_and_code(reference):
     config = doc["inputs"]["config"]
     assert "compute_model" not in config["hardware"] and config["sm_count"] == 148 and config["split"]
     assert set(doc["inputs"]["reference"]) == set(fit.reference_tables("b200-sxm"))
-    assert fit.step_workloads("h100-sxm-80gb") == []  # no traced steps are needed any more
 
 
 @pytest.mark.parametrize("name", GPUS)

@@ -5,9 +5,10 @@ stage imports it).
 echo.fit.kernels fits each GPU's compute_model (GEMM per input format, flash attention, achievable
 HBM bandwidth) on the kernel tables of the reference folder (kernels/, split into fit and held-out
 rows by config/splits/kernel_tables.yaml); GPUs of the same silicon take their values, transferred.
-Nothing is fitted on step times or per-layer times any more: echo.fit.step (Megatron-Core step
-times) and echo.fit.compute (Korthikanti et al. per-layer times) keep their machinery to *validate*
-the kernel model on whole jobs and layers (tests/test_fit.py), and fit no parameter.
+Nothing is fitted on step times or per-layer times: a kernel parameter fitted on them would absorb
+everything else the simulation gets wrong (``sustained_compute``, fitted on H100 step times, was
+removed for that). Step times validate the kernel model (echo.validate.published), and so do
+Korthikanti et al.'s per-layer times (echo.fit.compute, tests/test_fit.py).
 
 The rule fit (``make fit``) writes results/fit/{hardware}.json; the hardware file carries its values
 and names it in ``compute_model.fitted_by`` with its code version, and ``stale_fits`` lists the files
@@ -50,11 +51,6 @@ def reference_tables(name: str) -> list[str]:
     return [f"{kernel_data.KERNELS_DIR}/{t}" for t in kernel_data.TABLES] + ["hardware.csv"]
 
 
-def step_workloads(name: str, reference_dir: Path | None = None) -> list[str]:
-    """The workloads whose traced steps the fit simulates: none (step times fit nothing; kept for the rule)."""
-    return []
-
-
 def fit_config(name: str, reference_dir: Path | None = None, config_root: Path | None = None) -> dict:
     """What the fit of ``name`` reads from the config folder (the rule's params, so an edit re-runs it):
     the hardware file's datasheet figures (not the compute model, which the fit gives, but its SM count),
@@ -70,13 +66,11 @@ def fit_config(name: str, reference_dir: Path | None = None, config_root: Path |
     return out
 
 
-def fit_hardware(name: str, code: str, *, reference_dir: Path | None = None, config_root: Path | None = None,
-                 traces: dict | None = None, network_json: Path | None = None, jobs: int = 2) -> dict:
+def fit_hardware(name: str, code: str, *, reference_dir: Path | None = None, config_root: Path | None = None) -> dict:
     """The fit of hardware ``name`` as results/fit/{hardware}.json holds it: ``compute_model`` (values and
     provenance, ready for the hardware file), ``fitted`` (the fitted values), ``params`` (every parameter),
     ``errors`` (mean |error| % by kind, fit and held-out rows), ``checks`` (extrapolation), ``rows``, the
-    inputs and ``code`` (the fit's code version). ``traces``, ``network_json`` and ``jobs`` are accepted
-    for the rule and unused: no parameter is fitted on traced steps any more."""
+    inputs and ``code`` (the fit's code version)."""
     ref = reference_root(reference_dir)
     tables = reference_tables(name)
     hashes, problems = {}, []

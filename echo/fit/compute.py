@@ -1,4 +1,4 @@
-"""The kernel model checked against published per-layer measurements (and the GEMM helpers the tests use).
+"""The kernel model checked against published per-layer measurements.
 
 No parameter is fitted here any more: the kernel model's parameters come from per-kernel tables
 (echo.fit.kernels). What stays is the reproduction of one transformer layer of a 22B GPT on a DGX
@@ -11,14 +11,12 @@ collective with ``echo.network.NetworkModel`` on the ``dgx-a100-hdr`` topology, 
 trace marks TP collectives blocking: the compute stream waits for each). The measured stack was
 Megatron-LM of 2022, whose attention was unfused (QK^T GEMM, softmax, dropout, PV GEMM), so the
 traced workload says ``attention: math`` (a property of the software measured, not a parameter);
-see KORTHIKANTI_MODEL for dropout. ``fit_layers`` (least squares of one parameter on the FIT_ROWS)
-is kept for studies; ``make fit`` does not run it and no shipped value comes from it.
+see KORTHIKANTI_MODEL for dropout.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,16 +28,13 @@ import pyarrow.compute as pc
 
 from echo.config import Hardware
 from echo.config.workload import Workload
-from echo.fit.common import FIT_BOUNDS, Fit, parameters, with_params
 from echo.profile import roofline
-from echo.profile.kernel import Kernel
 from echo.profile.stage import distinct_kernels
 from echo.trace import check_traceable, trace_ranks
 
-# --- published measurements (copied from the reference folder; check_reference() compares) -----
-# hardware.csv: best_measured_bf16_matmul_tflops, by the hardware file that describes that GPU (an
-# extrapolation check of the GEMM model, echo.fit.kernels)
-BEST_GEMM_TFLOPS = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5, "h200-sxm-141gb": 794.5, "b200-sxm": 1745.0}
+# --- published measurements (Table 4 copied from the reference folder; check_reference() compares) -
+# hardware.csv's GPU of each hardware file (its best bf16 GEMM is an extrapolation check of the GEMM
+# model, echo.fit.kernels)
 HARDWARE_CSV_GPU = {"a100-sxm-80gb": "A100 SXM4 80GB", "h100-sxm-80gb": "H100 SXM5 80GB",
                     "h200-sxm-141gb": "H200 SXM 141GB", "b200-sxm": "B200 SXM"}
 HARDWARE_CSV = "hardware.csv"
@@ -80,24 +75,13 @@ KORTHIKANTI_MICRO_BATCH = 4
 KORTHIKANTI_HARDWARE = "a100-sxm-80gb"
 KORTHIKANTI_TOPOLOGY = "dgx-a100-hdr"
 
-# Fit/held-out split of Table 4's rows (half, rounded down, fitted; the rest only reported). The
-# fit rows cover both tensor-parallel layouts; the held-out ones are the three recompute variants.
-FIT_ROWS = ("baseline no recompute", "sequence parallelism")
-
-
 
 # --- reference data ---------------------------------------------------------------------------
-def check_reference(reference_dir: Path, hardware: str | None = None) -> list[str]:
-    """Differences between the figures above (of ``hardware``, default every GPU) and the CSV
-    files in ``reference_dir`` (empty when they agree). Raises FileNotFoundError when one is missing."""
-    problems = []
-    hw = {r["gpu"]: r for r in csv.DictReader((reference_dir / HARDWARE_CSV).read_text().splitlines())}
-    for name, gpu in HARDWARE_CSV_GPU.items():
-        got = float(hw[gpu]["best_measured_bf16_matmul_tflops"])
-        if hardware in (None, name) and got != BEST_GEMM_TFLOPS[name]:
-            problems.append(f"hardware.csv {gpu}: best GEMM {got} != {BEST_GEMM_TFLOPS[name]}")
-    if hardware not in (None, KORTHIKANTI_HARDWARE):
-        return problems
+def check_reference(reference_dir: Path) -> list[str]:
+    """Differences between Table 4 above and its CSV file in ``reference_dir`` (empty when they
+    agree), and GPUs named above that hardware.csv lacks. Raises FileNotFoundError when one is missing."""
+    gpus = {r["gpu"] for r in csv.DictReader((reference_dir / HARDWARE_CSV).read_text().splitlines())}
+    problems = [f"hardware.csv has no GPU '{g}'" for g in HARDWARE_CSV_GPU.values() if g not in gpus]
     rows = {r["experiment"]: r for r in csv.DictReader((reference_dir / KORTHIKANTI_CSV).read_text().splitlines())}
     for row in KORTHIKANTI_TABLE4:
         ref = rows.get(row.experiment)
@@ -109,22 +93,6 @@ def check_reference(reference_dir: Path, hardware: str | None = None) -> list[st
     if set(rows) != {r.experiment for r in KORTHIKANTI_TABLE4}:
         problems.append(f"Table 4 rows differ: {sorted(set(rows) ^ {r.experiment for r in KORTHIKANTI_TABLE4})}")
     return problems
-
-
-# --- GEMM helpers -----------------------------------------------------------------------------
-def gemm_tflops(hw: Hardware, m: int, n: int, k: int, dtype: str = "bfloat16", batch: int = 1) -> float:
-    """Modelled throughput of one (batched) GEMM, TFLOP/s."""
-    kern = gemm_kernel(m, n, k, dtype, batch)
-    return kern.flops / roofline.estimate(hw, kern).duration_us / 1e6
-
-
-def gemm_kernel(m: int, n: int, k: int, dtype: str = "bfloat16", batch: int = 1) -> Kernel:
-    size = 2 if dtype in ("bfloat16", "float16") else 4
-    a, b = ([m, k], [k, n]) if batch == 1 else ([batch, m, k], [batch, k, n])
-    name = "aten.mm.default" if batch == 1 else "aten.bmm.default"
-    args = json.dumps({"args": [{"T": a, "dt": dtype}, {"T": b, "dt": dtype}], "kwargs": {}})
-    return Kernel(f"{name}|{args}", name, "gemm", "compute", json.dumps([a, b]), dtype,
-                  2.0 * m * n * k * batch, float(size * (m * k + k * n + m * n) * batch), args)
 
 
 # --- one layer, traced --------------------------------------------------------------------------
@@ -229,11 +197,11 @@ def _phase_parts(hw: Hardware, ops: pa.Table, comms: pa.Table, network) -> tuple
     return fwd, bwd
 
 
-# --- the fit --------------------------------------------------------------------------------
+# --- the rows reproduced ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RowResult:
     experiment: str
-    split: str                 # fit | held-out | untraceable
+    split: str                 # validation | untraceable
     forward_ms: float          # measured
     backward_ms: float
     predicted_forward_ms: float | None = None
@@ -250,53 +218,18 @@ class RowResult:
                 100 * (self.predicted_backward_ms / self.backward_ms - 1))
 
 
-def fit_hbm_efficiency(hw: Hardware, traces: Sequence[LayerTrace], network) -> float:
-    """hbm_efficiency minimising the squared relative error of the rows' forward and backward."""
-    from scipy.optimize import minimize_scalar
-
-    def loss(eff: float) -> float:
-        h = with_params(hw, hbm_efficiency=float(eff))
-        total = 0.0
-        for lt in traces:
-            t = layer_time(h, lt, network)
-            total += (t.forward_ms / lt.row.forward_ms - 1) ** 2 + (t.backward_ms / lt.row.backward_ms - 1) ** 2
-        return total
-
-    lo, hi = FIT_BOUNDS["hbm_efficiency"]
-    res = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
-    return round(float(res.x), 3)
-
-
-def evaluate(hw: Hardware, traces: Iterable[LayerTrace], network, untraceable: dict[str, str] | None = None,
-             fit_rows: Sequence[str] = FIT_ROWS) -> list[RowResult]:
-    """Predicted vs measured for every row (with ``hw`` as given: no fitting here)."""
+def evaluate(hw: Hardware, traces: Iterable[LayerTrace], network,
+             untraceable: dict[str, str] | None = None) -> list[RowResult]:
+    """Predicted vs measured for every row (with ``hw`` as given: nothing is fitted on Table 4)."""
     out = []
     for lt in traces:
         t = layer_time(hw, lt, network)
-        out.append(RowResult(lt.row.experiment, "fit" if lt.row.experiment in fit_rows else "held-out",
-                             lt.row.forward_ms, lt.row.backward_ms, t.forward_ms, t.backward_ms,
-                             t.forward_parts, t.backward_parts))
+        out.append(RowResult(lt.row.experiment, "validation", lt.row.forward_ms, lt.row.backward_ms,
+                             t.forward_ms, t.backward_ms, t.forward_parts, t.backward_parts))
     for name, why in (untraceable or {}).items():
         row = next(r for r in KORTHIKANTI_TABLE4 if r.experiment == name)
         out.append(RowResult(name, "untraceable", row.forward_ms, row.backward_ms, note=why))
     return out
-
-
-def fit_layers(hw: Hardware, network, fit_rows: Sequence[str] = FIT_ROWS, traces: Sequence[LayerTrace] | None = None,
-               jobs: int = 2) -> Fit:
-    """hbm_efficiency of ``hw`` fitted on the ``fit_rows`` of Table 4, every row reported with it
-    (``traces``: the traced rows, when already at hand)."""
-    untraceable = {row.experiment: why for row in KORTHIKANTI_TABLE4 if (why := traceable(row))}
-    if traces is None:
-        traces = trace_layers([r for r in KORTHIKANTI_TABLE4 if r.experiment not in untraceable], jobs)
-    fit_traces = [t for t in traces if t.row.experiment in fit_rows]
-    if not fit_traces:
-        raise ValueError(f"none of the fit rows {list(fit_rows)} can be traced: {untraceable}")
-    hw = with_params(hw, hbm_efficiency=fit_hbm_efficiency(hw, fit_traces, network))
-    rows = evaluate(hw, traces, network, untraceable, fit_rows)
-    return Fit(hw.name, {"hbm_efficiency": hw.compute_model.hbm_efficiency}, parameters(hw), rows,
-               {"fit": list(fit_rows), "held_out": [r.experiment for r in rows if r.split == "held-out"],
-                "untraceable": untraceable})
 
 
 def layer_lines(rows: Sequence[RowResult]) -> list[str]:
@@ -308,8 +241,8 @@ def layer_lines(rows: Sequence[RowResult]) -> list[str]:
         ef, eb = r.errors_pct
         lines.append(f"  {r.experiment:<44} {r.split:<11} fwd {r.predicted_forward_ms:6.2f} vs {r.forward_ms:5.1f} "
                      f"({ef:+5.1f}%)  bwd {r.predicted_backward_ms:6.2f} vs {r.backward_ms:5.1f} ({eb:+5.1f}%)")
-    held = [abs(e) for r in rows if r.split == "held-out" and r.errors_pct for e in r.errors_pct]
+    held = [abs(e) for r in rows if r.split == "validation" and r.errors_pct for e in r.errors_pct]
     if held:
-        lines.append(f"  held-out: max |error| {max(held):.1f}%, mean |error| {sum(held) / len(held):.1f}% "
+        lines.append(f"  validation: max |error| {max(held):.1f}%, mean |error| {sum(held) / len(held):.1f}% "
                      f"over {len(held)} figures")
     return lines

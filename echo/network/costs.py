@@ -138,10 +138,6 @@ class Candidate:
     def time_us(self, nbytes: float) -> float:
         return self.latency_us + self.data_us(nbytes)
 
-    def times_us(self, nbytes: np.ndarray) -> np.ndarray:
-        w = self.traffic * np.asarray(nbytes, dtype=np.float64)
-        return self.latency_us + (w + (self.fill_slowdown - 1.0) * np.minimum(w, self.fill_bytes)) / self.bytes_per_us
-
 
 @dataclass(frozen=True)
 class NetworkParams:

@@ -92,10 +92,6 @@ class Slowdown:
     def none(cls) -> Slowdown:
         return cls({}, "none (no overlap slowdown)", 0.0)
 
-    @classmethod
-    def uniform(cls, s: float, source: str = "uniform") -> Slowdown:
-        return cls({}, source, s)
-
 
 def read_measured(path: Path) -> Slowdown:
     """The overlap rule's measurement of this machine."""

@@ -37,10 +37,6 @@ class RealRun:
     load: tuple[float, float] = (0.0, 0.0)  # 1-min load average before and after the run
 
     @property
-    def median_profiled_us(self) -> float:
-        return statistics.median(self.profiled_step_us)
-
-    @property
     def median_unprofiled_us(self) -> float:
         return statistics.median(self.unprofiled_step_us)
 

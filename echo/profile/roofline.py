@@ -86,11 +86,6 @@ def peak_tflops(hw: Hardware, dtype: str) -> float:
     return peak
 
 
-def compute_efficiency(hw: Hardware, k: Kernel) -> float:
-    """Fraction of peak the FLOPs of ``k`` run at under the model (0 for a kernel without FLOPs)."""
-    return estimate(hw, k).efficiency
-
-
 def executed_flops(k: Kernel) -> float:
     """FLOPs the kernel actually executes: a GEMM's 2*M*N*K over its logical K (NVFP4 packs two
     values per byte); causal flash attention skips half the model FLOPs."""

@@ -170,11 +170,6 @@ def stage_breakdowns(classes: Sequence[ClassInfo], orders: Sequence[Sequence[Tas
     return [b or MemoryBreakdown(0.0, 0.0, 0.0, 0.0) for b in peak]
 
 
-def stage_peak_bytes(classes: Sequence[ClassInfo], orders: Sequence[Sequence[Task]]) -> list[float]:
-    """Per pipeline stage, the peak allocator memory of its hungriest class."""
-    return [b.allocator for b in stage_breakdowns(classes, orders)]
-
-
 def exposed_by_kind(result: EngineResult, stage: int) -> dict[str, float]:
     """Exposed communication of ``stage`` in seconds, one entry per summary column kind."""
     out = dict.fromkeys((*EXPOSED_KINDS, "other"), 0.0)

@@ -89,7 +89,6 @@ class _Entry:
     alive: bool = True
     weight: bool = False  # a parameter (FSDP2's gathered unsharded ones): never an activation
     pending: bool = False  # created inside a fused-kernel region that has not ended yet
-    origin: str = ""       # the op that created it (for ``peak_contents``)
 
 
 class MemoryMeter(TorchDispatchMode):
@@ -139,8 +138,7 @@ class MemoryMeter(TorchDispatchMode):
         if key in self.params or key in self.entries or st.nbytes() == 0:
             return
         e = self.entries[key] = _Entry(len(self.refs_made), st.nbytes(), st.nbytes(),
-                                       weight=isinstance(t, nn.Parameter),
-                                       origin=f"{func} {tuple(local.shape)} {local.dtype}")
+                                       weight=isinstance(t, nn.Parameter))
         self.refs_made.append(e)
         self.refs[key] = weakref.ref(st, lambda _, key=key, e=e: self._freed(key, e))
         if self.region is not None:
@@ -288,23 +286,6 @@ class MemoryMeter(TorchDispatchMode):
         cache = replay(events, expandable=self.expandable_segments)
         return MeterResult(saved_bytes=saved, peak_bytes=max(peak, saved), chunk_bytes=per_chunk,
                            reserved_bytes=max(peak, saved) + cache.peak_reserved - cache.peak_allocated)
-
-    def peak_contents(self, exclude: Iterable[torch.Tensor] = (), top: int = 20) -> list[tuple[int, str]]:
-        """The largest storages alive at the peak (bytes, the op that made it): for debugging."""
-        out = {self.entries[k].id for t in exclude if (k := _key(t)) in self.entries}
-        live, peak, at = 0, 0, 0
-        for i, (key, delta) in enumerate(self.events):
-            if key not in out:
-                live += delta
-                if live > peak:
-                    peak, at = live, i
-        held: dict[int, int] = {}
-        for key, delta in self.events[:at + 1]:
-            if key not in out:
-                held[key] = held.get(key, 0) + delta
-        sizes = sorted(((b, self.refs_made[k].origin) for k, b in held.items() if b), reverse=True)
-        return sizes[:top]
-
 
 def _note_dtensor_call(rec) -> None:
     """What Recorder.__torch_dispatch__ does for a top-level DTensor call (it counts the calls a

@@ -40,7 +40,6 @@ transposed copies; mxfp8 and nvfp4 write column-wise copies of the same size ins
 
 from __future__ import annotations
 
-import math
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -65,7 +64,6 @@ class Recipe:
     weight_tile: int          # tile x tile scales of weights; 0 = as activations (1 x block or per tensor)
     scale: torch.dtype        # dtype of the scales
     amax: str                 # history (reduced per chunk) | current (a pass before each quantize) | none
-    blackwell_only: bool      # needs Blackwell tensor cores (block-scaled MX / NV formats)
 
     @property
     def packed(self) -> int:
@@ -74,11 +72,11 @@ class Recipe:
 
 
 RECIPES = {
-    "delayed": Recipe("delayed", E4M3, E5M2, 0, 0, torch.float32, "history", False),
-    "current": Recipe("current", E4M3, E5M2, 0, 0, torch.float32, "current", False),
-    "mxfp8": Recipe("mxfp8", E4M3, E4M3, 32, 0, E8M0, "none", True),
-    "blockwise": Recipe("blockwise", E4M3, E4M3, 128, 128, torch.float32, "none", False),
-    "nvfp4": Recipe("nvfp4", FP4, FP4, 16, 16, E4M3, "current", True),
+    "delayed": Recipe("delayed", E4M3, E5M2, 0, 0, torch.float32, "history"),
+    "current": Recipe("current", E4M3, E5M2, 0, 0, torch.float32, "current"),
+    "mxfp8": Recipe("mxfp8", E4M3, E4M3, 32, 0, E8M0, "none"),
+    "blockwise": Recipe("blockwise", E4M3, E4M3, 128, 128, torch.float32, "none"),
+    "nvfp4": Recipe("nvfp4", FP4, FP4, 16, 16, E4M3, "current"),
 }
 
 
@@ -310,13 +308,13 @@ def reduce_amaxes(s: State | None) -> None:
 
 def gemm(a, sa, b_t, sb, out_dtype=torch.bfloat16) -> torch.Tensor:
     """a (M, K) row-major times b_t^T, b_t (N, K) row-major: the TN GEMM every FP8 kernel takes."""
-    return torch._scaled_mm(a, b_t.t(), _b_scale(sa, False), _b_scale(sb, True), out_dtype=out_dtype)
+    return torch._scaled_mm(a, b_t.t(), sa, _b_scale(sb), out_dtype=out_dtype)
 
 
-def _b_scale(s: torch.Tensor, is_b: bool) -> torch.Tensor:
+def _b_scale(s: torch.Tensor) -> torch.Tensor:
     # blockwise scales of the second operand are indexed (K blocks, N blocks): the transpose of
     # how the operand's own quantize wrote them
-    return s.t() if is_b and s.dim() == 2 else s
+    return s.t() if s.dim() == 2 else s
 
 
 def forward_gemm(s: State, x2d_q, weight: torch.Tensor) -> torch.Tensor:
@@ -364,13 +362,6 @@ class _FP8Linear(torch.autograd.Function):
         dx, dw = backward_gemms(s, g2d, (saved, sqt), weight, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         db = g2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return (dx.view(ctx.x_shape) if dx is not None else None), dw, db, None
-
-
-def fp8_bytes(numel: int, recipe: str) -> int:
-    """Bytes of one FP8 copy of ``numel`` values with its scales (per-tensor scales are negligible)."""
-    r = RECIPES[recipe]
-    scale = torch.empty((), dtype=r.scale).element_size() / r.block if r.block else 0.0
-    return math.ceil(numel / r.packed + numel * scale)
 
 
 def cached_weight_bytes(s: State | None) -> int:

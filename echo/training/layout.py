@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 from echo.config.workload import ParallelConfig
 
-MESH_DIMS = ("pp", "dp", "cp", "tp")  # outermost first
-
 
 @dataclass(frozen=True)
 class Coords:

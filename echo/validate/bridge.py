@@ -77,10 +77,10 @@ def stage_layers(layers: int, chunks: int) -> list[int] | None:
     """Layers per virtual stage: even when they divide, else Megatron's split with the embedding
     and the loss counted as one layer each (None when that does not divide either)."""
     if layers % chunks == 0:
-        return None
+        return [layers // chunks] * chunks
     total = layers + 2
     if total % chunks or total // chunks < 2:
-        return False  # type: ignore[return-value]  # the caller skips the row
+        return None
     per = total // chunks
     return [per - 1] + [per] * (chunks - 2) + [per - 1]
 
@@ -141,7 +141,7 @@ def _layout_problem(r: dict, settings: dict | None = None) -> str | None:
     gpus, tp, pp, cp = _int(r["#-GPUs"]), _int(r["TP"]), _int(r["PP"]), _int(r["CP"])
     if gpus % (tp * pp * cp):
         return "GPUs not divisible by TP x PP x CP"
-    if _stages(r, settings) is False:
+    if _stages(r, settings) is None:
         chunks = _int(r["PP"]) * _int(r["VP"])
         return f"{_layers(MODELS[r['Model']])} layers do not split over {chunks} virtual stages (no preset layout)"
     dp, mbs = gpus // (tp * pp * cp), _int(r["MBS"])
@@ -152,7 +152,7 @@ def _layout_problem(r: dict, settings: dict | None = None) -> str | None:
 
 def _stages(r: dict, settings: dict | None) -> list[int] | None:
     """The row's layers per virtual stage: the preset's explicit layout (DeepSeek-V3), else the
-    rule of ``stage_layers``; False when neither gives one."""
+    rule of ``stage_layers``; None when neither gives one."""
     layers, chunks = _layers(MODELS[r["Model"]]), _int(r["PP"]) * _int(r["VP"])
     text = (settings or {}).get("pipeline_layout", "")
     explicit = parse_layout(text) if "note:" not in text else None  # a note flags a preset of another layout
@@ -196,7 +196,7 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
     par = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": 1, "sequence_parallel": tp > 1,
            "schedule": "interleaved" if vp > 1 else "1f1b", **({"virtual_stages": vp} if vp > 1 else {})}
     layout = _stages(r, settings)
-    if layout:
+    if layout and len(set(layout)) > 1:  # an even split is the default
         par["stage_layers"] = layout
     par |= {"overlap_grad_reduce": dp * cp > 1, "overlap_param_gather": dp * cp > 1, "tp_comm_overlap": tp_overlap}
     # the presets' FP8 parameter gathers (fp8_param_gather=True in their mixed-precision recipe)

@@ -35,7 +35,7 @@ from echo.validate.bridge import bridge_rows
 from echo.validate.rows import BRIDGE, MCORE, SC21, SOURCES, Row, Source, _read  # noqa: F401  (re-exported)
 
 # Each table's declared fit rows (the rest are validation rows; errors are headlined on those):
-# Megatron-Core's even rows were declared the step-time fit rows (echo.fit.step) before their
+# Megatron-Core's even rows were declared the step-time fit rows (of sustained_compute, removed) before their
 # errors were looked at; SC21 fits nothing; Megatron-Bridge's split is its sidecar file
 # (config/splits/megatron_bridge_perf_all.csv, echo.validate.bridge).
 DECLARED_FIT_ROWS = {"sc21": (), "mcore-h100": ("7.1B", "32B", "119B", "314B")}

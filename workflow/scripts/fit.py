@@ -1,4 +1,4 @@
-"""rule fit: echo.fit.fit_hardware(hardware, code, reference_dir, config_root, traces, network_json)."""
+"""rule fit: echo.fit.fit_hardware(hardware, code, reference_dir, config_root)."""
 
 from pathlib import Path
 
@@ -11,11 +11,8 @@ def main() -> None:
     from echo.fit import fit_hardware
     from echo.io import write_json
 
-    traces = {w: (Path(ops).parent, Path(classes))
-              for w, ops, classes in zip(sm.params.workloads, sm.input.ops, sm.input.rank_classes, strict=True)}
-    network = Path(sm.input.network[0]) if len(sm.input.network) else None
     doc = fit_hardware(sm.wildcards.hardware, sm.params.code, reference_dir=Path(sm.params.reference),
-                       config_root=Path("config"), traces=traces, network_json=network, jobs=sm.threads)
+                       config_root=Path("config"))
     write_json(doc, sm.output.fit)
 
 
