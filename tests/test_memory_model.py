@@ -35,6 +35,14 @@ def test_megatron_state_per_parameter(zero, dp, expect):
     assert (m.param_bytes, m.grad_bytes, m.optimizer_bytes) == expect
 
 
+@pytest.mark.parametrize("zero, expect", [(0, (2000, 2000, 12000)), (1, (2000, 2000, 3000)), (2, (2000, 500, 3000))])
+def test_bf16_gradient_buffers_hold_half(zero, expect):
+    """grad_reduce_in_fp32 off (the Megatron-Bridge performance presets): 2 B per gradient; the
+    optimizer's fp32 copy of its shard is not held through forward and backward."""
+    m = data_parallel.memory_model(1000, BF16, zero, 4, grad_dtype=BF16)
+    assert (m.param_bytes, m.grad_bytes, m.optimizer_bytes) == expect
+
+
 def test_fp32_training_has_no_master_copy():
     m = data_parallel.memory_model(1000, torch.float32, 1, 4)
     assert (m.param_bytes, m.grad_bytes, m.optimizer_bytes) == (4000, 4000, 2000)
@@ -225,7 +233,7 @@ TITAN_BOUNDS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(TITAN_BOUNDS), ids=lambda k: f"{k[0]}-fsdp{k[1]}-cp{k[2]}")
-def test_torchtitan_rows_within_their_bound(key):
+def test_torchtitan_rows_within_their_bound(key, reference):
     from echo.validate.memory import TORCHTITAN, predict, torchtitan_rows
 
     bound, _ = TITAN_BOUNDS[key]
@@ -238,7 +246,7 @@ def test_torchtitan_rows_within_their_bound(key):
         assert abs(got / measured - 1) <= bound, (r["techniques"], got, measured)
 
 
-def test_every_torchtitan_row_is_mapped_to_a_workload_or_a_reason():
+def test_every_torchtitan_row_is_mapped_to_a_workload_or_a_reason(reference):
     from echo.config.loader import load_workload
     from echo.validate.memory import TORCHTITAN, torchtitan_rows
 

@@ -102,6 +102,21 @@ def test_zero1_reduce_scatters_grads_and_all_gathers_params(tp_pp_dp):
         assert set(rs["phase"].to_pylist()) == {"grad_sync"} and not rs["blocking"][0].as_py()
 
 
+def test_bf16_gradient_buffers_halve_the_reduce_scatter(tmp_path):
+    """training.grad_reduce_in_fp32 off: the buckets and their reduce-scatter in bf16, the
+    optimizer casting its shard to fp32 before Adam."""
+    w = Workload.model_validate({**workload(dp=2, zero=1).model_dump(), "training": {
+        "global_batch": 16, "micro_batch": B, "dtype": "bf16", "grad_reduce_in_fp32": False}})
+    tables = trace_ranks(w, [0], tmp_path)
+    comms, ops, rank = tables["comms"], tables["ops"], tables["ranks"].to_pylist()[0]
+    numel = rank["param_bytes"] // 2
+    rs = comms.filter(pc.equal(comms["op"], "reduce_scatter"))
+    assert rs.num_rows == 1 and rs["bytes"][0].as_py() == 2 * (numel + numel % 2)
+    assert rank["grad_bytes"] == 2 * numel
+    opt = ops.filter(pc.equal(ops["phase"], "optimizer"))
+    assert any(n.startswith("aten.copy_") for n in opt["name"].to_pylist())
+
+
 def test_pipeline_p2p_peers_and_sizes(tp_pp_dp):
     _, tables = tp_pp_dp
     first, last = _rank(tables, "comms", 0), _rank(tables, "comms", 4)

@@ -98,6 +98,12 @@ class ParallelConfig(BaseModel):
         False, description="Transformer Engine's --tp-comm-overlap (userbuffers): each sequence-parallel "
         "all-gather / reduce-scatter is pipelined in tp chunks with the GEMM that consumes / produces it "
         "(needs sequence_parallel and tp > 1; simulation only)")
+    ep_comm_overlap: bool = Field(
+        False, description="Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B, as DeepSeek-V3's "
+        "DualPipe overlaps): in steady state a forward and a backward of two micro-batches run interleaved at "
+        "their expert-parallel all-to-alls, each all-to-all hidden behind the other pass' compute; the "
+        "schedule warms up one micro-batch more so that the two are independent (needs ep > 1 and, with pp > 1, the "
+        "interleaved schedule; simulation only)")
     stage_layers: list[PositiveInt] | None = Field(
         None, description="layers of each virtual stage in pipeline order (pp x virtual_stages entries); "
         "default: layers split evenly. Llama 3 405B puts one layer less on the first and last stage")
@@ -117,7 +123,7 @@ class ParallelConfig(BaseModel):
 # trace, dedup and profile stages see the workload without these keys (trace_dump), so changing
 # one re-runs the simulation only, and sweep layouts that differ only in them share one trace.
 NOT_TRACED = {
-    "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"),
+    "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap"),
     "training": ("global_batch",),
 }
 
@@ -140,6 +146,11 @@ class TrainingConfig(BaseModel):
         "E4M3 block scales (Blackwell)")
     fp8_param_gather: bool = Field(
         False, description="ZeRO / FSDP all-gather parameters in FP8 (half the bytes of bf16); dtype fp8 only")
+    grad_reduce_in_fp32: bool = Field(
+        True, description="Megatron's gradient buffers (main_grad) and their reduction in fp32 (True: "
+        "--accumulate-allreduce-grads-in-fp32, Megatron-Bridge's bf16_mixed default); False: in the compute "
+        "dtype, half the buffer and half the reduce-scatter bytes, the optimizer casting its shard to fp32 "
+        "(the Bridge performance presets' grad_reduce_in_fp32=False). ZeRO 0-2 (FSDP2 reduces in fp32)")
 
 
 class Workload(BaseModel):
@@ -170,7 +181,7 @@ class Workload(BaseModel):
         p, t = self.parallel, self.training
         fixed = {
             "parallel": {"schedule": "interleaved" if p.virtual_stages > 1 else "1f1b", "overlap_grad_reduce": False,
-                         "overlap_param_gather": False, "tp_comm_overlap": False},
+                         "overlap_param_gather": False, "tp_comm_overlap": False, "ep_comm_overlap": False},
             "training": {"global_batch": t.micro_batch * p.dp * p.pp},
         }
         assert {k: tuple(v) for k, v in fixed.items()} == NOT_TRACED, "traced() must fix exactly NOT_TRACED"
@@ -235,6 +246,13 @@ class Workload(BaseModel):
              else f"fp8_recipe {t.fp8_recipe} needs dtype: fp8 (dtype is {t.dtype})")
         need(not t.fp8_param_gather or (t.dtype == "fp8" and p.zero >= 1), "training.fp8_param_gather",
              "gathers FP8 parameters, which needs dtype fp8 and a sharded optimizer (zero 1, 2 or 3)")
+        need(t.grad_reduce_in_fp32 or p.zero < 3, "training.grad_reduce_in_fp32",
+             "FSDP2 (zero 3) reduces gradients in fp32 as torchtitan runs it; a compute-dtype reduction is not modelled")
+        need(not p.ep_comm_overlap or p.ep > 1, "parallel.ep_comm_overlap",
+             f"overlaps expert-parallel all-to-alls, which needs ep > 1 (ep is {p.ep})")
+        need(not p.ep_comm_overlap or p.pp == 1 or p.schedule == "interleaved", "parallel.ep_comm_overlap",
+             "with pp > 1 the combined 1F1B needs schedule: interleaved (Megatron-Core): in plain 1F1B a pair's "
+             "backward waits for the next stage's whole pair")
         need(not p.tp_comm_overlap or p.sequence_parallel, "parallel.tp_comm_overlap",
              "pipelines the sequence-parallel all-gathers and reduce-scatters, which needs sequence_parallel: true")
         return out

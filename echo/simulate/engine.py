@@ -28,6 +28,10 @@ workload's ``parallel`` keys of the same names):
 - ``tp_comm_overlap`` (Transformer Engine's userbuffers): each sequence-parallel all-gather /
   reduce-scatter is pipelined in tp chunks with the GEMM that consumes / produces it
   (``overlaps.with_tp_overlap``), in every forward and backward task.
+- ``ep_comm_overlap`` (Megatron-Core's --overlap-moe-expert-parallel-comm): each steady-state
+  forward and the backward after it run as one task (``overlaps.combined``), each pass'
+  expert-parallel all-to-alls beside the other's compute; the task starts once both inputs have
+  been produced (the orders warm up one micro-batch more: ``schedule.orders_of``).
 
 Every gap on a stage's compute stream is classified: waiting for a p2p transfer in flight is
 exposed pp communication, waiting for a collective is exposed communication of its kind, the
@@ -41,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
-from echo.simulate.overlaps import with_buckets, with_overlaps, with_param_gather
+from echo.simulate.overlaps import ep_pairs, is_second, with_buckets, with_overlaps, with_param_gather
 from echo.simulate.program import Program, RankCosts, Run, replay
 from echo.training.schedule import Task
 
@@ -55,6 +59,7 @@ class EngineOptions:
     overlap_grad_reduce: bool = False   # see the module docstring
     overlap_param_gather: bool = False  # see the module docstring
     tp_comm_overlap: bool = False       # see the module docstring
+    ep_comm_overlap: bool = False       # see the module docstring
     sharing: LinkSharing = max_min_share  # how overlapping transfers share links (gpu.py)
 
 
@@ -151,6 +156,7 @@ class StagePrograms:
     last_b: Program                  # the last backward (gradient buckets carried out of it, if overlapped)
     grad_sync: Program
     optimizer: Program               # without the parameter all-gathers, if overlapped
+    pairs: dict[int, Program] = field(default_factory=dict)  # position -> the combined program of it and the next
 
 
 def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptions) -> StagePrograms:
@@ -170,7 +176,10 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
                 special[i] = prog
     if last >= 0:
         special[last] = last_b
-    return StagePrograms(costs, special, last, last_b, grad_sync, optimizer)
+    pairs = {}
+    if options.ep_comm_overlap:
+        pairs = ep_pairs(order, lambda kind, c: (costs.forward if kind == "F" else costs.backward)[c], special)
+    return StagePrograms(costs, special, last, last_b, grad_sync, optimizer, pairs)
 
 
 def drain_of(grad_sync: Program, overlap: bool, buckets: Program) -> tuple[str, str] | None:
@@ -200,6 +209,7 @@ class _Pipeline:
         self.special = [x.special for x in staged]
         self.last_progs = [(x.last_b, x.grad_sync) for x in staged]
         self.optimizers = [x.optimizer for x in staged]
+        self.pairs = [x.pairs for x in staged]
         self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
 
     def needs(self, task: Task, k: int) -> _Key | None:
@@ -208,42 +218,51 @@ class _Pipeline:
             return None if k == 0 else ("F", task.microbatch, k - 1)
         return ("F", task.microbatch, k) if k == self.p * self.v - 1 else ("B", task.microbatch, k + 1)
 
-    def try_run(self, s: int, task: Task, pos: int) -> bool:
-        """Run ``task`` (at ``pos`` in the stage's order) on stage s if its input has been
-        produced; False if not yet."""
-        k = task.chunk * self.p + s
-        need = self.needs(task, k)
-        if need is not None and need not in self.arrivals:
-            return False
-        inputs = self.arrivals.pop(need) if need is not None else []
+    def try_run(self, s: int, order: Sequence[Task], pos: int) -> int:
+        """Run the task at ``pos`` of stage s's order (with the next one when the two run
+        combined) if its inputs have been produced; returns how many tasks ran (0: not yet)."""
+        pair = self.pairs[s].get(pos)
+        tasks = order[pos:pos + 2] if pair is not None else order[pos:pos + 1]
+        ks = [t.chunk * self.p + s for t in tasks]
+        needs = [self.needs(t, k) for t, k in zip(tasks, ks, strict=True)]
+        if any(n is not None and n not in self.arrivals for n in needs):
+            return 0
+        inputs = [self.arrivals.pop(n) if n is not None else [] for n in needs]
         led, gpu = self.ledgers[s], self.gpus[s]
         last = pos == self.last_b[s]
-        prog = self.special[s].get(pos)
-        if prog is None:
-            prog = (self.costs[s].forward if task.kind == "F" else self.costs[s].backward)[task.chunk]
-        recvs = [(a, b) for a, b, _ in inputs]
-        if inputs and prog.recvs == 0:  # input without a recv op in the trace: wait before the task
-            sent, arrive = min(a for a, _ in recvs), max(b for _, b in recvs)
-            led.wait(max(led.free, min(sent, arrive)), None)
-            led.wait(arrive, "pp")
-            recvs = []
+        parts = [(self.costs[s].forward if t.kind == "F" else self.costs[s].backward)[t.chunk] for t in tasks]
+        prog = pair or self.special[s].get(pos) or parts[0]
+        recvs: list[tuple[float, float]] = []
+        for x in ((1, 0) if pair is not None else (0,)):  # a combined program's backward comes first
+            got = [(a, b) for a, b, _ in inputs[x]]
+            if got and (prog if pair is None else parts[x]).recvs == 0:  # input without a recv op in the trace: wait before the task
+                sent, arrive = min(a for a, _ in got), max(b for _, b in got)
+                led.wait(max(led.free, min(sent, arrive)), None)
+                led.wait(arrive, "pp")
+            elif pair is not None:
+                recvs += (got + [(0.0, 0.0)] * parts[x].recvs)[:parts[x].recvs]
+            else:
+                recvs = got
         run = replay(prog, gpu, led.free, recvs)
         begin = max([run.start, *(b for _, b in recvs[:prog.recvs])])
         led.add(run)
         if last:
             self.carried[s] = [f for f in run.flows if f[2].carry]
-        flow_in = inputs[-1][2] if inputs else -1
-        kind = "forward" if task.kind == "F" else "backward"
-        label = task_label(task, self.v)
-        self.events.append(Event(s, "compute", label, kind, task.microbatch, task.chunk, begin, run.end, flow=flow_in))
-        if task.kind == "F" and pos in self.special[s]:  # the parameter all-gathers it overlaps
-            for a, b, op in run.flows:
-                self.events.append(Event(s, "comm", f"param_gather {op.op} {op.comm_kind}", "collective",
-                                         task.microbatch, task.chunk, a, b))
-        self._deliver(s, task, k, run, label)
-        return True
+        for x, (task, k) in enumerate(zip(tasks, ks, strict=True)):
+            flow_in = inputs[x][-1][2] if inputs[x] else -1
+            kind = "forward" if task.kind == "F" else "backward"
+            label = task_label(task, self.v)
+            self.events.append(Event(s, "compute", label, kind, task.microbatch, task.chunk, begin, run.end,
+                                     flow=flow_in))
+            if task.kind == "F" and pos in self.special[s]:  # the parameter all-gathers it overlaps
+                for a, b, op in run.flows:
+                    self.events.append(Event(s, "comm", f"param_gather {op.op} {op.comm_kind}", "collective",
+                                             task.microbatch, task.chunk, a, b))
+            sends = [f for f in run.sends if is_second(f[2]) == (x == 1)] if pair is not None else run.sends
+            self._deliver(s, task, k, sends, run.end, label)
+        return len(tasks)
 
-    def _deliver(self, s: int, task: Task, k: int, run: Run, label: str) -> None:
+    def _deliver(self, s: int, task: Task, k: int, sends: list, end: float, label: str) -> None:
         """Hand a finished task's sends to the task that consumes them."""
         last = self.p * self.v - 1
         if task.kind == "F" and k == last:
@@ -252,12 +271,12 @@ class _Pipeline:
         if task.kind == "B" and k == 0:
             return
         out = []
-        for a, b, op in run.sends:
+        for a, b, op in sends:
             self.flows += 1
             out.append((a, b, self.flows))
             self.events.append(Event(s, op.stream, f"send {label}", "send", task.microbatch, task.chunk, a, b,
                                      flow=self.flows))
-        self.arrivals[(task.kind, task.microbatch, k)] = out or [(run.end, run.end, -1)]
+        self.arrivals[(task.kind, task.microbatch, k)] = out or [(end, end, -1)]
 
     def finish_step(self, s: int) -> None:
         """grad_sync (on the comm stream), then the optimizer."""
@@ -288,8 +307,8 @@ def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
     while progress:  # each pass runs every task whose input has arrived; orders fix the rest
         progress = False
         for s, order in enumerate(orders):
-            while pos[s] < len(order) and run.try_run(s, order[pos[s]], pos[s]):
-                pos[s] += 1
+            while pos[s] < len(order) and (ran := run.try_run(s, order, pos[s])):
+                pos[s] += ran
                 progress = True
     stuck = [(s, order[pos[s]]) for s, order in enumerate(orders) if pos[s] < len(order)]
     if stuck:

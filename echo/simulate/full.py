@@ -139,22 +139,26 @@ class _Full:
         staged = stage_programs(spec.costs, order, self.options)
         costs, last_b, grad_sync = staged.costs, staged.last_b, staged.grad_sync
         carried: list = []
-        for i, task in enumerate(order):
-            prog = staged.special.get(i)
-            if prog is None:
-                prog = (costs.forward if task.kind == "F" else costs.backward)[task.chunk]
+        i = 0
+        while i < len(order):
+            pair = staged.pairs.get(i)
+            tasks = order[i:i + 2] if pair is not None else order[i:i + 1]
+            prog = pair or staged.special.get(i) or \
+                (costs.forward if tasks[0].kind == "F" else costs.backward)[tasks[0].chunk]
             self.flow_in[r] = -1
             run = yield from replay_steps(prog, gpu, led.free)
             led.add(run)
             if i == staged.last_backward:
                 carried = [f for f in run.flows if f[2].carry]
-            label = task_label(task, self.v)
-            kind = "forward" if task.kind == "F" else "backward"
-            self.events.append(Event(spec.stage, "compute", label, kind, task.microbatch, task.chunk, run.begin,
-                                     run.end, rank=r, flow=self.flow_in[r]))
-            gathers = task.kind == "F" and i in staged.special  # the parameter all-gathers it overlaps
-            self._log_comm(r, spec.stage, run, label, task.microbatch, task.chunk,
+            for task in tasks:
+                label = task_label(task, self.v)
+                kind = "forward" if task.kind == "F" else "backward"
+                self.events.append(Event(spec.stage, "compute", label, kind, task.microbatch, task.chunk, run.begin,
+                                         run.end, rank=r, flow=self.flow_in[r]))
+            gathers = tasks[0].kind == "F" and i in staged.special  # the parameter all-gathers it overlaps
+            self._log_comm(r, spec.stage, run, task_label(tasks[0], self.v), tasks[0].microbatch, tasks[0].chunk,
                            flow_prefix="param_gather " if gathers else "")
+            i += len(tasks)
         drain = drain_of(grad_sync, self.options.overlap_grad_reduce, last_b)
         run = yield from replay_steps(grad_sync, gpu, led.free, drain=drain)
         led.add(run)

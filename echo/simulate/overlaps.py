@@ -5,13 +5,15 @@ Transformer Engine options, the workload's ``parallel.overlap_*`` / ``tp_comm_ov
 - ``with_param_gather``: overlap_param_gather, the distributed optimizer's parameter all-gathers
   move into the next iteration's first forward of each chunk;
 - ``with_tp_overlap``: tp_comm_overlap, each sequence-parallel all-gather / reduce-scatter is
-  pipelined with the GEMM beside it (userbuffers' chunked ring exchange).
+  pipelined with the GEMM beside it (userbuffers' chunked ring exchange);
+- ``ep_pairs`` / ``combined``: ep_comm_overlap, a steady-state forward and backward run as one
+  task, interleaved at their expert-parallel all-to-alls (Megatron-Core's combined 1F1B).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from echo.simulate.program import ASYNC, BLOCKING, COMPUTE, Op, Program, RankCosts
 
@@ -172,6 +174,84 @@ def with_tp_overlap(prog: Program) -> Program:
                                      slowed_us=gemm.slowed_us + slowed - gemm.duration_us)
         ops[i] = dataclasses.replace(comm, duration_us=total - slowed, latency_us=0.0)
     return Program(ops, prog.waits)
+
+
+# ep_comm_overlap: the backward's ops are renumbered above the forward's in a combined program
+_SECOND = 1 << 40
+
+
+def _steps(prog: Program, offset: int) -> list[tuple[list[Op], Op | None]]:
+    """``prog``'s ops (seq + ``offset``) cut at its blocking expert-parallel collectives: [(the ops
+    before one, that collective issued non-blocking on the ep stream)], the last with None."""
+    out: list[tuple[list[Op], Op | None]] = []
+    seg: list[Op] = []
+    for op in prog.ops:
+        op = dataclasses.replace(op, seq=op.seq + offset) if offset else op
+        if op.code == BLOCKING and op.comm_kind == "ep":
+            out.append((seg, dataclasses.replace(op, blocking=False, stream="ep")))
+            seg = []
+        else:
+            seg.append(op)
+    return out + [(seg, None)]
+
+
+def combined(forward: Program, backward: Program) -> Program:
+    """Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe
+    overlap): the forward of one micro-batch and the backward of another as one program. Each is
+    cut at its expert-parallel all-to-alls; the pieces alternate on the compute stream, backward
+    first, each all-to-all issued on the ep stream where its pass reaches it and waited for where
+    that pass resumes, so it runs beside the other pass' next piece: the backward's combine beside
+    the forward's attention, the forward's dispatch beside the backward's experts, and so on. The
+    backward's ops are renumbered (seq + 2^40) so that the engines can tell the two apart."""
+    chains = [_steps(backward, _SECOND), _steps(forward, 0)]
+    waits = {dst: list(srcs) for dst, srcs in forward.waits.items()}
+    waits |= {dst + _SECOND: [s + _SECOND for s in srcs] for dst, srcs in backward.waits.items()}
+    pending: list[list[int]] = [[], []]  # per pass: all-to-alls its next op must wait for
+    ops: list[Op] = []
+    for j in range(max(len(c) for c in chains)):
+        for x, chain in enumerate(chains):
+            if j >= len(chain):
+                continue
+            seg, a2a = chain[j]
+            if seg and pending[x]:
+                waits.setdefault(seg[0].seq, []).extend(pending[x])
+                pending[x] = []
+            ops += seg
+            if a2a is not None:
+                ops.append(a2a)
+                pending[x].append(a2a.seq)
+    return Program(ops, waits)  # the task's end waits for every all-to-all still in flight
+
+
+def is_second(op: Op) -> bool:
+    """Whether ``op`` of a ``combined`` program belongs to its backward."""
+    return op.seq >= _SECOND
+
+
+def ep_pairs(order: Sequence, programs, skip: Mapping[int, object]) -> dict[int, Program]:
+    """Position of each steady-state forward followed by a backward in ``order`` (tasks with kind
+    and chunk) -> their ``combined`` program, where both passes hold an expert-parallel
+    all-to-all and neither runs a program of its own (``skip``: the overlapped parameter
+    gathers, the last backward). ``programs(kind, chunk)`` gives a pass' program."""
+    cache: dict[tuple[int, int], Program] = {}
+    out: dict[int, Program] = {}
+    first_b = next((i for i, t in enumerate(order) if t.kind == "B"), len(order))
+    i = first_b - 1
+    while i >= 0 and i + 1 < len(order) and order[i].kind == "F" and order[i + 1].kind == "B":
+        f, b = order[i], order[i + 1]
+        if i not in skip and i + 1 not in skip:
+            fp, bp = programs("F", f.chunk), programs("B", b.chunk)
+            if _has_ep(fp) and _has_ep(bp):
+                key = (f.chunk, b.chunk)
+                if key not in cache:
+                    cache[key] = combined(fp, bp)
+                out[i] = cache[key]
+        i += 2
+    return out
+
+
+def _has_ep(prog: Program) -> bool:
+    return any(op.code == BLOCKING and op.comm_kind == "ep" for op in prog.ops)
 
 
 def with_overlaps(costs: RankCosts, tp_comm_overlap: bool) -> RankCosts:

@@ -31,7 +31,7 @@ from echo.simulate.perfetto import chrome_trace, timeline_table
 from echo.simulate.program import RankCosts, slowest
 from echo.simulate.schedule_table import schedule_table
 from echo.simulate.summary import ClassInfo, summary_table
-from echo.training.schedule import stage_orders
+from echo.training.schedule import orders_of
 
 MODES = ("symmetric", "full")
 FULL_MODE_MAX_RANKS = 4096  # full mode replays every rank: beyond this it takes minutes to hours
@@ -197,8 +197,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     rule's parquet); default: ``slowdown_table(hardware)``.
     ``mode``: symmetric | full. ``overlap_grad_reduce``: gradient buckets overlap the last
     backward; None: as the workload's ``parallel.overlap_grad_reduce`` says (engine.py). The
-    other overlaps (``parallel.overlap_param_gather``, ``parallel.tp_comm_overlap``) are the
-    workload's. ``options`` (all engine choices) overrides all three. ``compute_scale`` (full
+    other overlaps (``parallel.overlap_param_gather``, ``tp_comm_overlap``, ``ep_comm_overlap``) are
+    the workload's. ``options`` (all engine choices) overrides all three. ``compute_scale`` (full
     mode): rank -> factor on its kernel times (a straggler)."""
     t0 = time.perf_counter()
     if mode not in MODES:
@@ -217,11 +217,11 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         overlap_grad_reduce = par.overlap_grad_reduce
     options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce,
                                        overlap_param_gather=par.overlap_param_gather,
-                                       tp_comm_overlap=par.tp_comm_overlap)
+                                       tp_comm_overlap=par.tp_comm_overlap, ep_comm_overlap=par.ep_comm_overlap)
     # ranks fill node_ranks GPUs of each node (ranks_per_node: e.g. 64 of an NVL72 rack's 72)
     ctx = OpContext(load_kernels(Path(kernels_path)), CommTimer(network), slow, topology.node_ranks)
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
-    orders = stage_orders(par.schedule, par.pp, workload.micro_batches, par.virtual_stages)
+    orders = orders_of(par, workload.micro_batches)
     mesh, cols = read_mesh(Path(rank_classes_path))
     costs = stage_costs(classes, par.pp, par.virtual_stages, mesh, ctx)  # also checks the classes cover the pipeline
     if mode == "full":
@@ -247,7 +247,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                             extra={"overlap_source": slow.source,
                                    "overlap_grad_reduce": options.overlap_grad_reduce,
                                    "overlap_param_gather": options.overlap_param_gather,
-                                   "tp_comm_overlap": options.tp_comm_overlap})
+                                   "tp_comm_overlap": options.tp_comm_overlap,
+                                   "ep_comm_overlap": options.ep_comm_overlap})
     write_parquet(summary, out_dir / "summary.parquet", SUMMARY)
     log.info("simulated %s on %s/%s (%s mode): step %.3f s, %d events, %.2f s wall", workload.name, hardware.name,
              topology.name, result.mode, result.step_us / 1e6, len(result.events), summary["sim_wall_s"][0].as_py())

@@ -74,6 +74,7 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         # FSDP keeps fp32 master parameters and all-gathers them in the compute dtype
         torch.set_default_dtype(torch.float32 if p.zero == 3 else dtype)
         t = w.training
+        grad_dtype = torch.float32 if t.grad_reduce_in_fp32 else dtype  # Megatron's main_grad buffers
         with rec, rec.muted():
             chunks = build_chunks(w, layout.coords(rank).pp, rec.recompute)
             if t.dtype == "fp8":
@@ -97,12 +98,12 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
             with meter, meter.functions():
                 _microbatch(w, layout, rank, rec, chunks, meter, dtype)
             used = meter.finish(exclude=_state_tensors(chunks, fp8_state))
-            dp = data_parallel.DataParallel(chunks, groups, p, dtype, rec=rec)
+            dp = data_parallel.DataParallel(chunks, groups, p, dtype, rec=rec, grad_dtype=grad_dtype)
             dp.grad_sync()
             dp.step()
             with rec.phase("optimizer"):  # the next step's FP8 weight copies, once per step
                 fp8.cast_weights(fp8_state)
-        mem = data_parallel.rank_memory(chunks, groups, p, dtype, fsdp.resident_unsharded(chunks, p))
+        mem = data_parallel.rank_memory(chunks, groups, p, dtype, fsdp.resident_unsharded(chunks, p), grad_dtype)
         # Transformer Engine's FP8 weight copies (and transposes) live across micro-batches
         mem = dataclasses.replace(mem, param_bytes=mem.param_bytes + fp8.cached_weight_bytes(fp8_state))
         mem = dataclasses.replace(mem, param_bytes=mem.param_bytes - data_parallel.fp8_primary_savings(fp8_state, p.zero))

@@ -72,7 +72,8 @@ def bucket_members(numels: list[int], dp: int) -> list[list[int]]:
     return members
 
 
-def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsharded: int = 0) -> MemoryModel:
+def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsharded: int = 0,
+                 grad_dtype: torch.dtype = torch.float32) -> MemoryModel:
     """Bytes of the state one rank holds for ``numel`` of its parameters, as Megatron-Core's DDP
     and distributed optimizer and FSDP2 allocate them. ``dp``: the ranks the state is sharded
     over (the data-parallel group, context-parallel ranks included: Megatron's distributed
@@ -83,6 +84,9 @@ def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsha
     so there is no second, compute-dtype copy), sharded over ``dp`` under ZeRO 2; AdamW's fp32
     moments (8 B) and, when the parameters are not fp32, fp32 master weights (4 B), sharded over
     ``dp`` under ZeRO 1 and 2: 18 B per parameter without sharding, 2 + 4 + 12/dp with ZeRO 1.
+    ``grad_dtype`` bf16 (grad_reduce_in_fp32 off): the gradient buffer holds 2 B per parameter; the
+    optimizer's fp32 copy of its gradient shard lives only while it steps, when the activations
+    are gone, so it is not part of the peak.
 
     ZeRO 3 (FSDP2 as torchtitan runs it, ``numel`` = this rank's shard): fp32 sharded parameters
     (the optimizer's master weights), fp32 sharded gradients (reduce_dtype fp32) and moments:
@@ -99,7 +103,7 @@ def memory_model(numel: int, param_dtype: torch.dtype, zero: int, dp: int, unsha
         return MemoryModel(param_bytes=4 * numel + pbytes * unsharded, grad_bytes=4 * numel + 4 * unsharded,
                            optimizer_bytes=8 * numel)
     master = 4 if pbytes != 4 else 0
-    grad = 4 * numel // (dp if zero >= 2 else 1)
+    grad = torch.empty((), dtype=grad_dtype).element_size() * numel // (dp if zero >= 2 else 1)
     optim = (master + 8) * numel // (dp if zero >= 1 else 1)
     return MemoryModel(param_bytes=pbytes * numel, grad_bytes=grad, optimizer_bytes=optim)
 
@@ -191,10 +195,10 @@ ADAMW = dict(lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad
 class Bucket:
     """One flat gradient bucket and the optimizer state of this rank's part of it."""
 
-    grad: torch.Tensor       # fp32, the bucket's gradients (reduced over the group)
+    grad: torch.Tensor       # the bucket's gradients (reduced over the group): fp32, or the grad dtype
     out: torch.Tensor        # where ZeRO 1/2's reduce-scatter writes this rank's shard
     master: torch.Tensor     # fp32 master weights of the shard the optimizer updates
-    update: torch.Tensor     # the gradient shard the optimizer reads
+    update: torch.Tensor     # the fp32 gradient shard the optimizer reads
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     step: torch.Tensor
@@ -208,15 +212,17 @@ class DataParallel:
     ``groups`` maps mesh dimension (tp, dp, dpcp, edp, ...) to this rank's process group (None
     when of size 1); ``parallel`` is the workload's ParallelConfig. ``rec``: the tracer's
     recorder (None for a real run); ``bind``: keep the parameters and gradients in the buckets
-    (the measure stage's real training; needs ZeRO <= 2)."""
+    (the measure stage's real training; needs ZeRO <= 2). ``grad_dtype``: of the gradient buffers
+    and their reduction (ZeRO 0-2; training.grad_reduce_in_fp32)."""
 
     def __init__(self, modules: list[nn.Module], groups: dict, parallel, dtype: torch.dtype, *,
-                 rec=None, bind: bool = False, dp_rank: int = 0):
+                 rec=None, bind: bool = False, dp_rank: int = 0, grad_dtype: torch.dtype = torch.float32):
         if bind and parallel.zero > 2:
             raise ValueError("ZeRO 3 is not run with bound buckets (the measure stage) yet")
         self.modules, self.groups, self.parallel, self.dtype = modules, groups, parallel, dtype
         self.rec = rec if rec is not None else _Unrecorded()
         self.bind = bind
+        self.grad_dtype = grad_dtype if parallel.zero < 3 else torch.float32
         # fp32 gradients can be the parameters' own .grad (accumulated in place by autograd);
         # other dtypes keep .grad in the compute dtype and are copied into the fp32 bucket
         self.copies: list[tuple[torch.Tensor, nn.Parameter]] = []
@@ -225,7 +231,7 @@ class DataParallel:
             self.buckets = [self._buckets(rs, dp_rank) for rs in self.sets]
 
     def _buckets(self, rs: ReductionSet, dp_rank: int) -> list[Bucket]:
-        dp, zero, f32 = rs.size, self.parallel.zero, torch.float32
+        dp, zero, f32, gdt = rs.size, self.parallel.zero, torch.float32, self.grad_dtype
         # under ZeRO 3, FSDP already reduce-scattered each layer's gradients in backward, and the
         # local parameters are the 1/dp shards the optimizer updates
         sizes = buckets(rs.numels, 1 if zero == 3 else dp)
@@ -233,15 +239,16 @@ class DataParallel:
         out = []
         for size, idx in zip(sizes, members, strict=True):
             n = size // dp if zero in (1, 2) else size
-            grad = torch.zeros(size, dtype=f32)
+            grad = torch.zeros(size, dtype=gdt)
             param = self._bind(rs, idx, grad, size) if self.bind else None
             if param is not None:
                 start = dp_rank * n if zero >= 1 else 0
                 master = (param if self.dtype == f32 else param.float())[start:start + n]
-                update, shard_out, gathered = grad[start:start + n], grad[start:start + n], param
+                shard_out, gathered = grad[start:start + n], param
+                update = shard_out if gdt == f32 else torch.zeros(n, dtype=f32)
             else:
                 master, update = torch.zeros(n, dtype=f32), torch.zeros(n, dtype=f32)
-                shard_out = torch.empty(size // dp, dtype=f32)
+                shard_out = torch.empty(size // dp, dtype=gdt)
                 gathered = torch.empty(n * dp, dtype=self.dtype)
             out.append(Bucket(grad, shard_out, master, update, torch.zeros(n, dtype=f32),
                               torch.zeros(n, dtype=f32), torch.zeros((), dtype=f32), param, gathered))
@@ -259,7 +266,7 @@ class DataParallel:
                 view.copy_(local)
                 local.data = view  # the parameter now lives in the flat buffer
                 gview = grad[off:off + n].view_as(local)
-                if self.dtype == torch.float32:
+                if self.dtype == grad.dtype:
                     p.grad = (DTensor.from_local(gview, p.device_mesh, p.placements, run_check=False)
                               if isinstance(p, DTensor) else gview)
                 else:
@@ -279,7 +286,7 @@ class DataParallel:
         if partial and tp is not None:
             # Megatron all-reduces sequence-parallel gradients over tp in one coalesced buffer
             with rec.muted():
-                buf = torch.empty(partial, dtype=torch.float32)
+                buf = torch.empty(partial, dtype=self.grad_dtype)
             with rec.phase("grad_sync", blocking=True):
                 dist.all_reduce(buf, group=tp)
         for gview, p in self.copies:
@@ -301,6 +308,9 @@ class DataParallel:
         rec, zero, dtype = self.rec, self.parallel.zero, self.dtype
         flat = [b for bs in self.buckets for b in bs]
         with rec.phase("optimizer"):
+            if self.grad_dtype != torch.float32:  # the distributed optimizer's fp32 copy of its shard
+                for b in flat:
+                    b.update.copy_(b.out if zero in (1, 2) else b.grad[:b.update.numel()])
             steps = [b.step for b in flat]
             with rec.muted():  # apex / TE fused Adam take the step count as a host scalar
                 torch._foreach_add_(steps, 1.0)
@@ -328,13 +338,13 @@ class DataParallel:
 
 
 def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,
-                unsharded: int = 0) -> MemoryModel:
+                unsharded: int = 0, grad_dtype: torch.dtype = torch.float32) -> MemoryModel:
     """memory_model summed over the reduction sets (expert state shards over edp, not dp);
     ``unsharded``: FSDP2's parameters gathered for the whole step (fsdp.resident_unsharded)."""
     sets = reduction_sets(modules, groups, parallel)
     # FSDP's gathered parameters belong to the dense set (experts are not FSDP-sharded)
-    parts = [memory_model(sum(rs.numels), param_dtype, parallel.zero, rs.size, unsharded if i == 0 else 0)
-             for i, rs in enumerate(sets)]
+    parts = [memory_model(sum(rs.numels), param_dtype, parallel.zero, rs.size, unsharded if i == 0 else 0,
+                          grad_dtype if parallel.zero < 3 else torch.float32) for i, rs in enumerate(sets)]
     return MemoryModel(param_bytes=sum(m.param_bytes for m in parts),
                        grad_bytes=sum(m.grad_bytes for m in parts),
                        optimizer_bytes=sum(m.optimizer_bytes for m in parts))

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from echo.config.workload import ParallelConfig
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -24,8 +26,11 @@ class Task:
     chunk: int
 
 
-def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1) -> list[list[Task]]:
-    """Every stage's task order for ``schedule``; refuses combinations the schedule cannot run."""
+def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1,
+                 extra_warmup: int = 0) -> list[list[Task]]:
+    """Every stage's task order for ``schedule``; refuses combinations the schedule cannot run.
+    ``extra_warmup``: forwards each stage of a 1F1B schedule runs before its steady state beyond
+    the schedule's own warm-up (combined 1F1B: see ``orders_of``)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule '{schedule}'; known: {', '.join(SCHEDULES)}")
     if stages < 1 or micro_batches < 1 or chunks < 1:
@@ -34,32 +39,42 @@ def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1
         raise ValueError(f"schedule {schedule} runs one chunk per stage, got {chunks} (use interleaved)")
     if schedule == "interleaved" and micro_batches % stages:
         raise ValueError(f"interleaved needs micro-batches ({micro_batches}) divisible by stages ({stages})")
-    build: Callable[[int, int, int, int], list[Task]] = _BUILDERS[schedule]
-    return [build(s, stages, micro_batches, chunks) for s in range(stages)]
+    if extra_warmup and schedule == "gpipe":
+        raise ValueError("gpipe has no warm-up to extend")
+    build: Callable[[int, int, int, int, int], list[Task]] = _BUILDERS[schedule]
+    return [build(s, stages, micro_batches, chunks, extra_warmup) for s in range(stages)]
 
 
-def _gpipe(stage: int, stages: int, m: int, chunks: int) -> list[Task]:
+def orders_of(p: ParallelConfig, micro_batches: int) -> list[list[Task]]:
+    """The task orders a workload's layout runs. With ``ep_comm_overlap`` (Megatron-Core's combined
+    1F1B) each stage warms up one micro-batch more: a steady-state pair (forward k, backward j) then
+    holds two independent passes. Without it the last stage would pair a micro-batch's forward with
+    its own backward, which needs that forward's loss."""
+    return stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages, int(p.ep_comm_overlap))
+
+
+def _gpipe(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -> list[Task]:
     """All forwards, then all backwards (torch.distributed.pipelining's ScheduleGPipe order)."""
     return [Task("F", i, 0) for i in range(m)] + [Task("B", i, 0) for i in range(m)]
 
 
-def _one_f_one_b(stage: int, stages: int, m: int, chunks: int) -> list[Task]:
+def _one_f_one_b(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -> list[Task]:
     """PipeDream-flush 1F1B: stages - stage - 1 warm-up forwards, then one forward and one
     backward in turn, then the cool-down backwards. A stage never holds more than
     stages - stage micro-batches of activations."""
-    warmup = min(stages - stage - 1, m)
+    warmup = min(stages - stage - 1 + extra, m)
     order = [Task("F", i, 0) for i in range(warmup)]
     for i in range(m - warmup):
         order += [Task("F", warmup + i, 0), Task("B", i, 0)]
     return order + [Task("B", i, 0) for i in range(m - warmup, m)]
 
 
-def _interleaved(stage: int, stages: int, m: int, chunks: int) -> list[Task]:
+def _interleaved(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -> list[Task]:
     """Megatron-LM's interleaved 1F1B (forward_backward_pipelining_with_interleaving): virtual
     micro-batches walk the chunks in groups of ``stages`` micro-batches; the warm-up is
     2 * (stages - stage - 1) + (chunks - 1) * stages virtual micro-batches."""
     total = m * chunks
-    warmup = min(2 * (stages - stage - 1) + (chunks - 1) * stages, total)
+    warmup = min(2 * (stages - stage - 1) + (chunks - 1) * stages + extra, total)
 
     def task(k: int, kind: str) -> Task:
         in_group = k % (stages * chunks)

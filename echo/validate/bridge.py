@@ -172,8 +172,8 @@ def _notes(r: dict, settings: dict | None) -> list[str]:
     s, out = settings or {}, []
     if s.get("recompute", "").startswith("selective") and "core_attn" not in s.get("recompute_modules", ""):
         out.append(f"recompute of {s.get('recompute_modules')} (module recompute is not modelled: none traced)")
-    if _flag(s, "moe_a2a_overlap"):
-        out.append("expert-parallel all-to-all overlap (not modelled: the all-to-alls are exposed)")
+    if _flag(s, "moe_a2a_overlap") and _int(r["EP"]) > 1 and _int(r["PP"]) > 1 and _int(r["VP"]) <= 1:
+        out.append("expert-parallel all-to-all overlap without virtual stages (not modelled)")
     if s.get("mtp_num_layers", "").startswith("1"):
         out.append("one multi-token-prediction layer (not modelled)")
     if "full_iteration" in s.get("cuda_graph", ""):
@@ -199,13 +199,20 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
     if layout and len(set(layout)) > 1:  # an even split is the default
         par["stage_layers"] = layout
     par |= {"overlap_grad_reduce": dp * cp > 1, "overlap_param_gather": dp * cp > 1, "tp_comm_overlap": tp_overlap}
+    # the presets' overlap_moe_expert_parallel_comm (combined 1F1B; their delay_wgrad_compute is not
+    # modelled apart: the backward's pieces between all-to-alls keep their weight-gradient GEMMs)
+    if _flag(s, "moe_a2a_overlap") and ep > 1 and (pp == 1 or vp > 1):
+        par["ep_comm_overlap"] = True
     # the presets' FP8 parameter gathers (fp8_param_gather=True in their mixed-precision recipe)
     fp8_gather = bool(recipe) and "fp8_param_gather=true" in s.get("fp8_recipe", "").replace(" ", "").lower()
+    # the perf presets' mixed_precision.grad_reduce_in_fp32=False: bf16 gradient buffers and reductions
+    grad32 = "grad_reduce_in_fp32=false" not in s.get("other", "").replace(" ", "").lower()
     training = {"global_batch": gbs, "micro_batch": mbs, "dtype": dtype, "recompute": recompute,
-                **({"fp8_recipe": recipe} if recipe else {}), **({"fp8_param_gather": True} if fp8_gather else {})}
+                **({"fp8_recipe": recipe} if recipe else {}), **({"fp8_param_gather": True} if fp8_gather else {}),
+                **({} if grad32 else {"grad_reduce_in_fp32": False})}
     prec = (recipe or dtype).replace("current", "fp8cs")
     suffix = ("" if tp_overlap == (tp > 1) else "-notpov") + ("" if recompute == "none" else f"-{recompute}") \
-        + ("-fp8ag" if fp8_gather else "")
+        + ("-fp8ag" if fp8_gather else "") + ("-epov" if par.get("ep_comm_overlap") else "") + ("-g32" if grad32 else "")
     name = f"mbridge-{short}-{tag}-{prec}-{gpus}g-tp{tp}pp{pp}cp{cp}vp{vp}ep{ep}-gbs{gbs}mbs{mbs}{suffix}"
     w = {"description": "", "model": {"hf_config": f"config/models/{tag}.json", "seq_len": seq},
          "parallel": par, "training": training}

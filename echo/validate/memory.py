@@ -43,7 +43,7 @@ from echo.reference import reference_file
 from echo.simulate.stage import communicators
 from echo.simulate.summary import CUBLAS_WORKSPACE_BYTES, GIB, MemoryBreakdown, rank_breakdown
 from echo.training.layout import Layout
-from echo.training.schedule import stage_orders
+from echo.training.schedule import orders_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "results" / "validate" / "memory"
@@ -151,7 +151,7 @@ def predict(w: Workload, cache: Path | None = CACHE / "traces", jobs: int | None
     tables = trace_tables(w, cache, jobs)
     p = w.parallel
     by_stage = {r["pp_rank"]: r for r in tables["ranks"]}
-    orders = stage_orders(p.schedule, p.pp, w.micro_batches, p.virtual_stages)
+    orders = orders_of(p, w.micro_batches)
     out = []
     for s in range(p.pp):
         r = by_stage[s] if s in by_stage else by_stage[min(1, p.pp - 1)]
