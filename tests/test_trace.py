@@ -117,6 +117,25 @@ def test_bf16_gradient_buffers_halve_the_reduce_scatter(tmp_path):
     assert any(n.startswith("aten.copy_") for n in opt["name"].to_pylist())
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fused_cross_entropy_keeps_no_fp32_logits(tmp_path, tp):
+    """training.cross_entropy_fusion: one echo::cross_entropy kernel over the bf16 logits (with
+    Megatron's two small all-reduces over TP when vocabulary-parallel) instead of the loss on an
+    fp32 copy; the step's peak drops by at least that copy (tokens x vocab / tp x 4 B)."""
+    def traced(fused):
+        w = Workload.model_validate({**workload(tp=tp).model_dump(), "training": {
+            "global_batch": 8, "micro_batch": B, "dtype": "bf16", "cross_entropy_fusion": fused}})
+        return trace_ranks(w, [0], tmp_path / str(fused))
+    plain, fused = traced(False), traced(True)
+    names = fused["ops"]["name"].to_pylist()
+    assert sum(n.startswith("echo.cross_entropy") for n in names) == 1
+    assert not any(n.startswith("echo.cross_entropy") for n in plain["ops"]["name"].to_pylist())
+    small = [c for c in fused["comms"].to_pylist() if c["group_kind"] == "tp" and c["bytes"] <= B * S * 8]
+    assert len(small) == (2 if tp > 1 else 0)
+    peak = {k: t["ranks"].to_pylist()[0]["peak_bytes_per_microbatch"] for k, t in (("plain", plain), ("fused", fused))}
+    assert peak["plain"] - peak["fused"] >= B * S * V // tp * 4
+
+
 def test_pipeline_p2p_peers_and_sizes(tp_pp_dp):
     _, tables = tp_pp_dp
     first, last = _rank(tables, "comms", 0), _rank(tables, "comms", 4)

@@ -146,6 +146,10 @@ class TrainingConfig(BaseModel):
         "E4M3 block scales (Blackwell)")
     fp8_param_gather: bool = Field(
         False, description="ZeRO / FSDP all-gather parameters in FP8 (half the bytes of bf16); dtype fp8 only")
+    cross_entropy_fusion: bool = Field(
+        False, description="Megatron's --cross-entropy-loss-fusion (the Megatron-Bridge presets' "
+        "cross_entropy_fusion_impl te): the loss and the logits' gradient in one kernel over the bf16 logits; "
+        "off, the loss runs on an fp32 copy of the logits (Megatron's default, torchtitan)")
     grad_reduce_in_fp32: bool = Field(
         True, description="Megatron's gradient buffers (main_grad) and their reduction in fp32 (True: "
         "--accumulate-allreduce-grads-in-fp32, Megatron-Bridge's bf16_mixed default); False: in the compute "

@@ -51,7 +51,8 @@ def op_class(func) -> str:
     if func.namespace == "fsdp":  # FSDP2's all-gather copy-in/out and gradient chunk_cat
         return "copy"
     if func.namespace == "echo":  # Echo's own kernels (training/fp8.py, fused.py), memory-bound
-        return "norm" if name.startswith("rms_norm") else "quantize" if name == "quantize" else "elementwise"
+        return ("norm" if name.startswith("rms_norm") else "quantize" if name == "quantize" else
+                "softmax" if name == "cross_entropy" else "elementwise")
     if name in _GEMM:
         return "gemm"
     if "attention" in name:

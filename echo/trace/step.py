@@ -27,6 +27,7 @@ from echo.config.workload import Workload
 from echo.trace.meter import MemoryMeter
 from echo.trace.recorder import Recorder
 from echo.training import data_parallel, fp8, fsdp
+from echo.training.fused import fused_cross_entropy
 from echo.training.layout import Layout
 from echo.training.model import DTYPES, build_chunks
 from echo.training.tensor_parallel import apply_tensor_parallel
@@ -53,8 +54,10 @@ def _peer(layout: Layout, rank: int, chunk: int, step: int, v: int) -> int | Non
     return layout.stage_peer(rank, stage % pp - layout.coords(rank).pp)
 
 
-def _loss(logits: torch.Tensor) -> torch.Tensor:
+def _loss(logits: torch.Tensor, fused: bool = False) -> torch.Tensor:
     labels = torch.empty(logits.shape[:2], dtype=torch.long)
+    if fused:  # training.cross_entropy_fusion: one kernel over the bf16 logits
+        return fused_cross_entropy(logits, labels)
     if isinstance(logits, DTensor):  # vocabulary-parallel, on fp32 logits as Megatron and torchtitan
         with loss_parallel():
             return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
@@ -165,7 +168,7 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
                 x.requires_grad_(True)
             with saved_tensors_hooks(meter.pack, lambda t: t):
                 y = chunk(x)
-                y = _loss(y) if chunk.last else y
+                y = _loss(y, w.training.cross_entropy_fusion) if chunk.last else y
             fp8.reduce_amaxes(fp8.active())
             meter.end_chunk()
             nxt = _peer(layout, rank, i, 1, v)

@@ -199,3 +199,49 @@ def fuse_swiglu_mlps(model: nn.Module) -> int:
             m.forward = (lambda self, x: self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))).__get__(m)
             n += 1
     return n
+
+
+# --- cross entropy ------------------------------------------------------------------------------
+@torch.library.custom_op("echo::cross_entropy", mutates_args=())
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss and the logits' gradient (softmax - one-hot, in the logits' dtype) in one
+    pass over the logits, fp32 only in registers: Megatron's --cross-entropy-loss-fusion
+    (Transformer Engine's parallel_cross_entropy writes the gradient during the forward)."""
+    lf = logits.float()
+    loss = torch.nn.functional.cross_entropy(lf.flatten(0, -2), labels.flatten(), reduction="none")
+    grad = torch.softmax(lf, -1)
+    grad.scatter_add_(-1, labels.unsqueeze(-1), -torch.ones_like(labels, dtype=grad.dtype).unsqueeze(-1))
+    return loss.view(labels.shape), grad.to(logits.dtype)
+
+
+@cross_entropy.register_fake
+def _(logits, labels):
+    return logits.new_empty(labels.shape, dtype=torch.float32), torch.empty_like(logits)
+
+
+def _ce_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+
+
+def _ce_backward(ctx, grad_loss, _grad_grad):
+    (grad,) = ctx.saved_tensors
+    return grad * grad_loss.unsqueeze(-1).to(grad.dtype), None
+
+
+cross_entropy.register_autograd(_ce_backward, setup_context=_ce_setup)
+
+
+def fused_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean loss by ``cross_entropy``; on vocabulary-parallel DTensor logits the local shard, with
+    the two small all-reduces over the tensor-parallel group Megatron's fused kernel makes (the
+    rows' max, then their sum of exponentials and target logit)."""
+    import torch.distributed as dist
+
+    if isinstance(logits, DTensor):
+        group = logits.device_mesh.get_group()
+        local = logits.to_local()
+        rows = local.shape[:-1]
+        dist.all_reduce(local.new_empty(rows, dtype=torch.float32), op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(local.new_empty((*rows, 2), dtype=torch.float32), group=group)
+        logits = local
+    return cross_entropy(logits, labels)[0].mean()

@@ -206,13 +206,18 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
     # the presets' FP8 parameter gathers (fp8_param_gather=True in their mixed-precision recipe)
     fp8_gather = bool(recipe) and "fp8_param_gather=true" in s.get("fp8_recipe", "").replace(" ", "").lower()
     # the perf presets' mixed_precision.grad_reduce_in_fp32=False: bf16 gradient buffers and reductions
-    grad32 = "grad_reduce_in_fp32=false" not in s.get("other", "").replace(" ", "").lower()
+    other = s.get("other", "").replace(" ", "").lower()
+    grad32 = "grad_reduce_in_fp32=false" not in other
+    # cross_entropy_fusion_impl=te: the fused loss (the rows whose presets say nothing: Megatron's default, off)
+    ce_fused = "cross_entropy_fusion_impl=te" in other
     training = {"global_batch": gbs, "micro_batch": mbs, "dtype": dtype, "recompute": recompute,
                 **({"fp8_recipe": recipe} if recipe else {}), **({"fp8_param_gather": True} if fp8_gather else {}),
-                **({} if grad32 else {"grad_reduce_in_fp32": False})}
+                **({} if grad32 else {"grad_reduce_in_fp32": False}),
+                **({"cross_entropy_fusion": True} if ce_fused else {})}
     prec = (recipe or dtype).replace("current", "fp8cs")
     suffix = ("" if tp_overlap == (tp > 1) else "-notpov") + ("" if recompute == "none" else f"-{recompute}") \
-        + ("-fp8ag" if fp8_gather else "") + ("-epov" if par.get("ep_comm_overlap") else "") + ("-g32" if grad32 else "")
+        + ("-fp8ag" if fp8_gather else "") + ("-epov" if par.get("ep_comm_overlap") else "") + ("-g32" if grad32 else "") \
+        + ("" if ce_fused else "-ceu")
     name = f"mbridge-{short}-{tag}-{prec}-{gpus}g-tp{tp}pp{pp}cp{cp}vp{vp}ep{ep}-gbs{gbs}mbs{mbs}{suffix}"
     w = {"description": "", "model": {"hf_config": f"config/models/{tag}.json", "seq_len": seq},
          "parallel": par, "training": training}
