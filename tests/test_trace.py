@@ -136,6 +136,26 @@ def test_fused_cross_entropy_keeps_no_fp32_logits(tmp_path, tp):
     assert peak["plain"] - peak["fused"] >= B * S * V // tp * 4
 
 
+def test_a_steps_collectives_are_megatrons(tp_pp_dp):
+    """Every collective rank 0 of TP2 x PP2 x DP2 (ZeRO 1, no sequence parallelism) runs in one
+    step, with its bytes, as Megatron-Core runs them: per layer two TP all-reduces in forward and
+    two in backward (plus the vocabulary-parallel embedding's), the pipeline's send and recv, one
+    fp32 reduce-scatter per gradient bucket, the gradient norm's fp32 all-reduce over all 8 ranks,
+    one parameter all-gather per bucket."""
+    _, tables = tp_pp_dp
+    comms = _rank(tables, "comms", 0).to_pylist()
+    numel = next(r["param_bytes"] for r in tables["ranks"].to_pylist() if r["rank"] == 0) // 2
+    act, padded = B * S * H * 2, numel + numel % 2
+    got = sorted((c["phase"], c["op"], c["group_kind"], c["group_size"], c["bytes"]) for c in comms)
+    want = sorted([("forward", "all_reduce", "tp", 2, act)] * (2 * (L // 2) + 1)
+                  + [("backward", "all_reduce", "tp", 2, act)] * (2 * (L // 2))
+                  + [("forward", "send", "pp", 2, act), ("backward", "recv", "pp", 2, act)]
+                  + [("grad_sync", "reduce_scatter", "dp", 2, 4 * padded)]
+                  + [("optimizer", "all_reduce", "world", 8, 4)]
+                  + [("optimizer", "all_gather", "dp", 2, 2 * padded)])
+    assert got == want
+
+
 def test_pipeline_p2p_peers_and_sizes(tp_pp_dp):
     _, tables = tp_pp_dp
     first, last = _rank(tables, "comms", 0), _rank(tables, "comms", 4)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import ep_pairs, is_second, with_buckets, with_overlaps, with_param_gather
-from echo.simulate.program import Program, RankCosts, Run, replay
+from echo.simulate.program import BLOCKING, Program, RankCosts, Run, replay
 from echo.training.schedule import Task
 
 _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its virtual stage)
@@ -210,6 +210,7 @@ class _Pipeline:
         self.last_progs = [(x.last_b, x.grad_sync) for x in staged]
         self.optimizers = [x.optimizer for x in staged]
         self.pairs = [x.pairs for x in staged]
+        self.opt_start = [0.0] * len(costs)
         self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
 
     def needs(self, task: Task, k: int) -> _Key | None:
@@ -278,20 +279,44 @@ class _Pipeline:
                                      flow=self.flows))
         self.arrivals[(task.kind, task.microbatch, k)] = out or [(end, end, -1)]
 
-    def finish_step(self, s: int) -> None:
-        """grad_sync (on the comm stream), then the optimizer."""
+    def finish_step(self, s: int) -> float:
+        """grad_sync (on the comm stream), then the optimizer up to its first collective over every
+        rank (the gradient norm's all-reduce: every stage meets there); returns when stage s
+        arrives at it (its end, without one)."""
         led, gpu = self.ledgers[s], self.gpus[s]
         last_b, grad_sync = self.last_progs[s]
         drain = drain_of(grad_sync, self.options.overlap_grad_reduce, last_b)
         run = replay(grad_sync, gpu, led.free, drain=drain)
         led.add(run)
+        self.opt_start[s] = run.end
         for a, b, op in self.carried[s] + [f for f in run.flows if not f[2].carry]:
             self.events.append(Event(s, "comm", f"grad_sync {op.op} {op.comm_kind}", "collective", -1, -1, a, b))
-        opt = replay(self.optimizers[s], gpu, led.free)
+        before, _ = _split_at_world(self.optimizers[s])
+        self._optimizer_part(s, before)
+        return led.free
+
+    def finish_optimizer(self, s: int, meet: float) -> None:
+        """The optimizer from the all-ranks collective on, which starts at ``meet`` (the last
+        stage's arrival: the wait is exposed communication of its kind, as in full mode)."""
+        _, after = _split_at_world(self.optimizers[s])
+        led = self.ledgers[s]
+        if after.ops:
+            led.wait(meet, after.ops[0].comm_kind)
+        self._optimizer_part(s, after)
+        self.events.append(Event(s, "compute", "optimizer", "optimizer", -1, -1, self.opt_start[s], led.free))
+
+    def _optimizer_part(self, s: int, prog: Program) -> None:
+        led = self.ledgers[s]
+        opt = replay(prog, self.gpus[s], led.free)
         led.add(opt)
         for a, b, op in opt.flows:
             self.events.append(Event(s, "comm", f"{op.op} {op.comm_kind}", "collective", -1, -1, a, b))
-        self.events.append(Event(s, "compute", "optimizer", "optimizer", -1, -1, run.end, opt.end))
+
+
+def _split_at_world(prog: Program) -> tuple[Program, Program]:
+    """``prog`` before and from its first blocking collective over every rank (group kind world)."""
+    i = next((i for i, op in enumerate(prog.ops) if op.code == BLOCKING and op.comm_kind == "world"), len(prog.ops))
+    return Program(prog.ops[:i], prog.waits), Program(prog.ops[i:], prog.waits)
 
 
 def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
@@ -313,8 +338,9 @@ def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
     stuck = [(s, order[pos[s]]) for s, order in enumerate(orders) if pos[s] < len(order)]
     if stuck:
         raise RuntimeError(f"schedule deadlocks: stage {stuck[0][0]} waits forever at {stuck[0][1]}")
+    arrivals = [run.finish_step(s) for s in range(len(costs))]
     for s in range(len(costs)):
-        run.finish_step(s)
+        run.finish_optimizer(s, max(arrivals))
     step = max(led.free for led in run.ledgers)
     stages = tuple(led.times(step) for led in run.ledgers)
     critical = max(range(len(stages)), key=lambda s: (stages[s].end_us, -s))

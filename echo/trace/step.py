@@ -36,7 +36,7 @@ from echo.training.tensor_parallel import apply_tensor_parallel
 def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     """Create this rank's process groups and teach the recorder which kind each one is."""
     groups = {}
-    for dim in ("tp", "cp", "dp", "pp", "ep", "edp", "dpcp", "stage"):
+    for dim in ("tp", "cp", "dp", "pp", "ep", "edp", "dpcp", "stage", "world"):
         ranks = layout.expert_group(rank, dim) if dim in ("ep", "edp") else layout.group(rank, dim)
         groups[dim] = dist.new_group(ranks) if len(ranks) > 1 else None
         if groups[dim] is not None:

@@ -311,6 +311,7 @@ class DataParallel:
             if self.grad_dtype != torch.float32:  # the distributed optimizer's fp32 copy of its shard
                 for b in flat:
                     b.update.copy_(b.out if zero in (1, 2) else b.grad[:b.update.numel()])
+            self._grad_norm(flat)
             steps = [b.step for b in flat]
             with rec.muted():  # apex / TE fused Adam take the step count as a host scalar
                 torch._foreach_add_(steps, 1.0)
@@ -335,6 +336,24 @@ class DataParallel:
                     elif b.param is not None and dtype != torch.float32:
                         with rec.muted():  # on a GPU the cast writes the parameter buffer itself
                             b.param.copy_(half)
+
+
+    def _grad_norm(self, flat: list[Bucket]) -> None:
+        """Gradient clipping's global norm (Megatron's clip_grad, on by default; torchtitan's
+        max_norm): each rank's squared norm of the gradients it updates, all-reduced (one fp32)
+        over every rank, as Megatron's distributed optimizer and FSDP2's DTensor norm reduce it;
+        fp16 adds the loss scaler's inf check, an all-reduce (max) over the same ranks. The
+        scaling by the clip coefficient happens only when the norm is over the bound: left out."""
+        world = self.groups.get("world")
+        if not flat:
+            return
+        norms = torch._foreach_norm([b.update for b in flat])
+        total = torch.stack(norms).pow(2).sum()
+        if world is not None:
+            with self.rec.phase("optimizer", blocking=True):
+                dist.all_reduce(total, group=world)
+                if self.dtype == torch.float16:
+                    dist.all_reduce(torch.zeros(1, dtype=torch.float32), op=dist.ReduceOp.MAX, group=world)
 
 
 def rank_memory(modules: list[nn.Module], groups: dict, parallel, param_dtype: torch.dtype,

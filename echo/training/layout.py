@@ -69,8 +69,11 @@ class Layout:
 
     def group(self, rank: int, dim: str) -> list[int]:
         """Global ranks of ``rank``'s group along mesh dimension ``dim`` (tp, cp, dp or pp), or
-        "dpcp": the data- and context-parallel ranks, which hold the same parameters."""
+        "dpcp": the data- and context-parallel ranks, which hold the same parameters; "stage": the
+        ranks of its pipeline stage; "world": every rank."""
         c = self.coords(rank)
+        if dim == "world":  # every rank (the gradient norm's all-reduce)
+            return list(range(self.world_size))
         if dim == "dpcp":
             return sorted(r for d in self.group(rank, "dp") for r in self.group(d, "cp"))
         if dim == "stage":  # every rank of the pipeline stage: tp x cp x dp (FP8 amax reduction)

@@ -72,6 +72,7 @@ def make_groups(layout: Layout, rank: int) -> dict[str, dist.ProcessGroup | None
             group = dist.new_group(ranks)
             if rank in ranks:
                 out[dim] = group
+    out["world"] = dist.group.WORLD if layout.world_size > 1 else None  # the gradient norm's all-reduce
     return out
 
 
