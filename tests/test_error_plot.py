@@ -90,3 +90,25 @@ def test_run_validate_writes_the_layout_plot_next_to_the_published_one(tmp_path:
     assert table.num_rows == 2
     assert plot.read_bytes().startswith(PNG)
     assert (tmp_path / "validate" / "published_by_layout.png").read_bytes().startswith(PNG)
+
+
+def _ranking_table(predicted: list[float]) -> pa.Table:
+    """One model on one GPU under three layouts (the first measured in two releases) and a model
+    measured under one layout only."""
+    return pa.table({
+        "table": ["mbridge"] * 5, "model": ["m"] * 4 + ["other"], "hardware": ["h100"] * 5,
+        "precision": ["current"] * 5, "workload": ["a", "a", "b", "c", "z"],
+        "measured_tflops_per_gpu": [300.0, 320.0, 400.0, 200.0, 100.0],
+        "predicted_tflops_per_gpu": [predicted[0], predicted[0], predicted[1], predicted[2], 90.0]})
+
+
+def test_ranking_fidelity_orders_each_models_layouts() -> None:
+    from echo.validate.report import layout_rankings, rankings_markdown
+
+    same, = layout_rankings(_ranking_table([310.0, 390.0, 150.0]))  # measured order b > a > c
+    assert (same["model"], same["layouts"], same["concordant"]) == ("m", 3, 1.0)
+    assert same["spearman"] == pytest.approx(1.0)
+    assert same["measured_order"] == same["predicted_order"] == ["b", "a", "c"]
+    flipped, = layout_rankings(_ranking_table([390.0, 310.0, 150.0]))  # a and b swapped
+    assert flipped["concordant"] == pytest.approx(2 / 3) and flipped["spearman"] == pytest.approx(0.5)
+    assert "| mbridge | m | h100 | current | 3 | 67% | +0.50 |" in rankings_markdown(_ranking_table([390.0, 310.0, 150.0]))

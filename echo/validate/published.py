@@ -216,6 +216,8 @@ PUBLISHED = pa.schema([
     ("row", pa.string()),                      # the row's model size as printed (Megatron-Bridge: container)
     ("split", pa.string()),                    # fit | validation (the table's declared split)
     ("workload", pa.string()),
+    ("model", pa.string()),                    # the model (several rows of a table may measure it)
+    ("precision", pa.string()),                # the workload's dtype, or its FP8 recipe
     ("hardware", pa.string()),
     ("topology", pa.string()),
     ("gpus", pa.int32()),
@@ -245,7 +247,10 @@ def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
             continue
         pred = s["step_time_s"]
         out.append({
-            "table": row.source.key, "row": row.label, "split": row.split, "workload": row.name, "hardware": row.hardware,
+            "table": row.source.key, "row": row.label, "split": row.split, "workload": row.name,
+            "model": row.model_tag if row.source.key == "mbridge" else row.name,  # SC21 / MCore: one model a row
+            "precision": row.workload["training"].get("fp8_recipe") or row.workload["training"]["dtype"],
+            "hardware": row.hardware,
             "topology": row.topology, "gpus": row.gpus, "predicted_step_time_s": pred,
             "measured_step_time_s": row.measured_step_s, "error": pred / row.measured_step_s - 1,
             "predicted_tflops_per_gpu": row.tflops_per_gpu * row.measured_step_s / pred,

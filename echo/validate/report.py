@@ -108,11 +108,74 @@ def published_markdown(table: pa.Table) -> str:
     return "\n".join(out)
 
 
+def _ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def layout_rankings(table: pa.Table) -> list[dict]:
+    """Ranking fidelity: for each model measured on one GPU in one precision under two or more
+    layouts (distinct workloads), the layouts ordered by measured and by predicted throughput
+    (TFLOP/s per GPU; a workload measured in several releases takes their median), the fraction
+    of layout pairs both put in the same order, and Spearman's rho from three layouts on."""
+    sets: dict[tuple, dict[str, dict]] = {}
+    for r in table.to_pylist():
+        key = (r["table"], r["model"], r["hardware"], r["precision"])
+        w = sets.setdefault(key, {}).setdefault(r["workload"], {"measured": [], "predicted": r["predicted_tflops_per_gpu"]})
+        w["measured"].append(r["measured_tflops_per_gpu"])
+    out = []
+    for (tab, model, hw, prec), layouts in sorted(sets.items()):
+        if len(layouts) < 2:
+            continue
+        names = sorted(layouts)
+        meas = [statistics.median(layouts[n]["measured"]) for n in names]
+        pred = [layouts[n]["predicted"] for n in names]
+        pairs = [(i, j) for i in range(len(names)) for j in range(i + 1, len(names)) if meas[i] != meas[j]]
+        same = sum((meas[i] - meas[j]) * (pred[i] - pred[j]) > 0 for i, j in pairs)
+        rho = None
+        if len(names) >= 3:
+            rm, rp = _ranks(meas), _ranks(pred)
+            mm, mp = statistics.fmean(rm), statistics.fmean(rp)
+            num = sum((a - mm) * (b - mp) for a, b in zip(rm, rp, strict=True))
+            den = (sum((a - mm) ** 2 for a in rm) * sum((b - mp) ** 2 for b in rp)) ** 0.5
+            rho = num / den if den else None
+        out.append({"table": tab, "model": model, "hardware": hw, "precision": prec, "layouts": len(names),
+                    "concordant": same / len(pairs) if pairs else None, "spearman": rho,
+                    "measured_order": [names[i] for i in sorted(range(len(names)), key=lambda i: -meas[i])],
+                    "predicted_order": [names[i] for i in sorted(range(len(names)), key=lambda i: -pred[i])]})
+    return out
+
+
+def rankings_markdown(table: pa.Table) -> str:
+    rows = layout_rankings(table)
+    if not rows:
+        return "No model is measured under more than one layout in these rows.\n"
+    lines = ["| table | model | GPU | precision | layouts | pairs in the same order | Spearman rho |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        conc = "" if r["concordant"] is None else f"{r['concordant']:.0%}"
+        rho = "" if r["spearman"] is None else f"{r['spearman']:+.2f}"
+        lines.append(f"| {r['table']} | {r['model']} | {r['hardware']} | {r['precision']} | {r['layouts']} | {conc} | {rho} |")
+    return "\n".join(lines) + "\n"
+
+
 def run_errors(local_path: Path, published_path: Path, out_path: Path) -> str:
     text = ("### Real runs on this machine (local-cpu / local-gloo)\n\n"
             + local_markdown(pq.read_table(local_path))
             + "\n\n### Published measurements\n\n"
-            + published_markdown(pq.read_table(published_path)) + "\n")
+            + published_markdown(pq.read_table(published_path)) + "\n"
+            + "\n### Ranking fidelity (does Echo order a model's layouts as the measurements do?)\n\n"
+            + rankings_markdown(pq.read_table(published_path)))
     with atomic_path(out_path) as tmp:
         tmp.write_text(text)
     return text
