@@ -15,7 +15,7 @@ from echo.config import parse_workload
 from echo.errors import ConfigError
 from echo.simulate import EngineOptions, Op, Program, RankCosts, simulate
 from echo.simulate.overlaps import combined, ep_pairs, is_second
-from echo.training.schedule import orders_of, stage_orders
+from echo.training.schedule import combine_steady_state, in_flight, orders_of, stage_orders
 
 
 def a2a(seq: int, us: float) -> Op:
@@ -79,10 +79,14 @@ def test_orders_warm_up_one_more_and_pair_independent_passes(schedule, p, m, v):
         assert sorted(map(str, b)) == sorted(map(str, o))  # every pass once
         lead = lambda order: next(i for i, t in enumerate(order) if t.kind == "B")  # noqa: E731
         assert lead(o) == min(lead(b) + 1, len([t for t in b if t.kind == "F"]))
-    last = more[-1]  # the last stage: no pair holds a micro-batch's forward and its own backward
+    last = combine_steady_state(more[-1])  # the last stage: no pair holds a forward and its own backward
     pairs = ep_pairs(last, lambda kind, c: moe_pass(1, 1, 1, 1, kind == "B"), {})
     assert pairs and all((last[i].microbatch, last[i].chunk) != (last[i + 1].microbatch, last[i + 1].chunk)
                          for i in pairs)
+    # a combined pair's backward frees its layers while its forward fills its own: the extra
+    # warm-up forward does not raise the peak of chunk-micro-batches held
+    for b, o in zip(base, more, strict=True):
+        assert in_flight(combine_steady_state(o)) == in_flight(b)
 
 
 def moe_pipeline(p: int, v: int, a2a_us: float) -> list[RankCosts]:

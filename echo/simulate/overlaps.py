@@ -229,29 +229,20 @@ def is_second(op: Op) -> bool:
 
 
 def ep_pairs(order: Sequence, programs, skip: Mapping[int, object]) -> dict[int, Program]:
-    """Position of each steady-state forward followed by a backward in ``order`` (tasks with kind
-    and chunk) -> their ``combined`` program, where both passes hold an expert-parallel
-    all-to-all and neither runs a program of its own (``skip``: the overlapped parameter
-    gathers, the last backward). ``programs(kind, chunk)`` gives a pass' program."""
+    """Position of each forward of ``order`` marked combined (``schedule.orders_of``) -> the
+    ``combined`` program of it and the backward after it, unless either runs a program of its
+    own (``skip``: the overlapped parameter gathers, the last backward). ``programs(kind, chunk)``
+    gives a pass' program."""
     cache: dict[tuple[int, int], Program] = {}
     out: dict[int, Program] = {}
-    first_b = next((i for i, t in enumerate(order) if t.kind == "B"), len(order))
-    i = first_b - 1
-    while i >= 0 and i + 1 < len(order) and order[i].kind == "F" and order[i + 1].kind == "B":
-        f, b = order[i], order[i + 1]
-        if i not in skip and i + 1 not in skip:
-            fp, bp = programs("F", f.chunk), programs("B", b.chunk)
-            if _has_ep(fp) and _has_ep(bp):
-                key = (f.chunk, b.chunk)
-                if key not in cache:
-                    cache[key] = combined(fp, bp)
-                out[i] = cache[key]
-        i += 2
+    for i, f in enumerate(order[:-1]):
+        b = order[i + 1]
+        if getattr(f, "combined", False) and b.kind == "B" and i not in skip and i + 1 not in skip:
+            key = (f.chunk, b.chunk)
+            if key not in cache:
+                cache[key] = combined(programs("F", f.chunk), programs("B", b.chunk))
+            out[i] = cache[key]
     return out
-
-
-def _has_ep(prog: Program) -> bool:
-    return any(op.code == BLOCKING and op.comm_kind == "ep" for op in prog.ops)
 
 
 def with_overlaps(costs: RankCosts, tp_comm_overlap: bool) -> RankCosts:

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from echo.simulate.engine import EngineResult
 from echo.simulate.program import RankCosts
-from echo.training.schedule import Task, in_flight
+from echo.training.schedule import Task, in_flight, memory_order
 
 GIB = 1 << 30
 EXPOSED_KINDS = ("tp", "cp", "ep", "dp", "edp", "dpcp", "pp")  # columns exposed_{kind}_s; others -> other
@@ -148,7 +148,7 @@ def activations_in_flight(activation: float, chunk_activation: Sequence[float], 
     if len(chunk_activation) != chunks:
         return activation * in_flight(list(order)) / chunks
     held = peak = 0.0
-    for task in order:
+    for task in memory_order(list(order)):  # a combined forward counted after its backward
         held += chunk_activation[task.chunk] if task.kind == "F" else -chunk_activation[task.chunk]
         peak = max(peak, held)
     return peak

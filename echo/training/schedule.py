@@ -24,6 +24,7 @@ class Task:
     kind: str        # "F" (forward) | "B" (backward, including any recomputation)
     microbatch: int
     chunk: int
+    combined: bool = False  # a forward that runs together with the backward after it (combined 1F1B)
 
 
 def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1,
@@ -50,7 +51,18 @@ def orders_of(p: ParallelConfig, micro_batches: int) -> list[list[Task]]:
     1F1B) each stage warms up one micro-batch more: a steady-state pair (forward k, backward j) then
     holds two independent passes. Without it the last stage would pair a micro-batch's forward with
     its own backward, which needs that forward's loss."""
-    return stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages, int(p.ep_comm_overlap))
+    orders = stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages, int(p.ep_comm_overlap))
+    return [combine_steady_state(o) for o in orders] if p.ep_comm_overlap else orders
+
+
+def combine_steady_state(order: list[Task]) -> list[Task]:
+    """``order`` with each steady-state forward that a backward follows marked ``combined``."""
+    out = list(order)
+    i = next((i for i, t in enumerate(out) if t.kind == "B"), len(out)) - 1
+    while i >= 0 and i + 1 < len(out) and out[i].kind == "F" and out[i + 1].kind == "B":
+        out[i] = Task("F", out[i].microbatch, out[i].chunk, combined=True)
+        i += 2
+    return out
 
 
 def _gpipe(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -> list[Task]:
@@ -97,7 +109,18 @@ def in_flight(order: list[Task]) -> int:
     """Most chunk-micro-batches whose activations a stage holds at once (forward done, backward
     not yet): the activation-memory multiplier of the schedule, read off the order itself."""
     held = peak = 0
-    for task in order:
+    for task in memory_order(order):
         held += 1 if task.kind == "F" else -1
         peak = max(peak, held)
     return peak
+
+
+def memory_order(order: list[Task]) -> list[Task]:
+    """``order`` as its activations come and go: a combined forward after the backward it runs
+    with, since that backward frees its layers while the forward fills its own (layer by layer,
+    cut at their all-to-alls), so the pair holds about what it held before (up to a layer)."""
+    out = list(order)
+    for i in range(len(out) - 1):
+        if out[i].combined and out[i + 1].kind == "B":
+            out[i], out[i + 1] = out[i + 1], out[i]
+    return out
