@@ -160,7 +160,7 @@ def rankings_markdown(table: pa.Table) -> str:
     rows = layout_rankings(table)
     if not rows:
         return "No model is measured under more than one layout in these rows.\n"
-    lines = ["| table | model | GPU | precision | layouts | pairs in the same order | Spearman rho |",
+    lines = ["| table | model | GPU | precision | workloads (layout, batch or settings) | pairs in the same order | Spearman rho |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         conc = "" if r["concordant"] is None else f"{r['concordant']:.0%}"
