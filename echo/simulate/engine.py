@@ -208,7 +208,8 @@ class _Pipeline:
         self.costs = [x.costs for x in staged]
         self.special = [x.special for x in staged]
         self.last_progs = [(x.last_b, x.grad_sync) for x in staged]
-        self.optimizers = [x.optimizer for x in staged]
+        # each optimizer before and from its all-ranks collective, where every stage meets
+        self.optimizers = [_split_at_world(x.optimizer) for x in staged]
         self.pairs = [x.pairs for x in staged]
         self.opt_start = [0.0] * len(costs)
         self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
@@ -291,14 +292,13 @@ class _Pipeline:
         self.opt_start[s] = run.end
         for a, b, op in self.carried[s] + [f for f in run.flows if not f[2].carry]:
             self.events.append(Event(s, "comm", f"grad_sync {op.op} {op.comm_kind}", "collective", -1, -1, a, b))
-        before, _ = _split_at_world(self.optimizers[s])
-        self._optimizer_part(s, before)
+        self._optimizer_part(s, self.optimizers[s][0])
         return led.free
 
     def finish_optimizer(self, s: int, meet: float) -> None:
         """The optimizer from the all-ranks collective on, which starts at ``meet`` (the last
         stage's arrival: the wait is exposed communication of its kind, as in full mode)."""
-        _, after = _split_at_world(self.optimizers[s])
+        after = self.optimizers[s][1]
         led = self.ledgers[s]
         if after.ops:
             led.wait(meet, after.ops[0].comm_kind)
