@@ -53,6 +53,8 @@ def test_colocated_ranks_are_capped_by_the_cores():
 def test_eager_step_is_measured_once_and_cached(tmp_path):
     first = eager.step_overheads(tmp_path)
     assert not first["cached"]
+    if first["drifted"]:
+        pytest.skip(f"machine changed speed between replay and eager step in every attempt: {first['attempts']}")
     # tens of microseconds per op on the development machine (28-39 us in repeated measurements)
     assert 1.0 < first["eager_op_us"] < 500.0, first
     # a real eager micro-batch of the reference is slower than the replay of its kernels ...

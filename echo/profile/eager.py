@@ -52,6 +52,7 @@ DURATION_S = 4.0       # timed per run of a process (alone, then side by side)
 PRIORITY = "rt"        # as the measure stage runs its ranks (echo.validate.measure.PRIORITY)
 _REPLY = "echo-eager: "  # marks a reference process's figures on its stdout
 PROCESS_START_S = 60.0  # a reference process that has not exited by then is killed
+ATTEMPTS = 3           # replay-then-eager pairs measured before a drifted machine is given up on
 
 
 def reference_workload():
@@ -91,9 +92,15 @@ def step_overheads(cache_dir: Path | None) -> dict:
 
 
 def measure() -> dict:
-    """Trace and replay the reference, then time it eager alone and side by side."""
+    """Trace and replay the reference, then time it eager alone and side by side.
+
+    An eager micro-batch runs every replayed kernel and the engine's work besides, so eager alone
+    below the replay can only mean the machine changed speed between the two (this 2-core VM
+    drifts by up to half, idle): the pair is measured again, up to ``ATTEMPTS`` times, and if
+    it never orders itself the charge is 0 and ``drifted`` says so."""
     from echo.profile import inloop
 
+    n = cores()
     with tempfile.TemporaryDirectory(prefix="echo-eager-") as tmp:
         trace_dir = Path(tmp) / "trace"
         _child(["trace", str(trace_dir)])
@@ -101,17 +108,22 @@ def measure() -> dict:
 
         ops = [o for o in pq.read_table(trace_dir / "ops.parquet").to_pylist()
                if o["kind"] in inloop.REPLAYED_KINDS and o["phase"] in ("forward", "backward")]
-        times = inloop.replay_in_processes(trace_dir, {o["kernel_key"] for o in ops})
-        missing = sorted({o["name"] for o in ops if o["kernel_key"] not in times})
-        if missing:
-            raise RuntimeError(f"eager step measurement: reference kernels not replayed: {missing}")
-        predicted_ms = sum(times[o["kernel_key"]] for o in ops) / 1e3
-    n = cores()
-    eager = _eager_runs(n)
-    alone = statistics.median(eager["alone"])
+        tries = []
+        for _ in range(ATTEMPTS):
+            times = inloop.replay_in_processes(trace_dir, {o["kernel_key"] for o in ops})
+            missing = sorted({o["name"] for o in ops if o["kernel_key"] not in times})
+            if missing:
+                raise RuntimeError(f"eager step measurement: reference kernels not replayed: {missing}")
+            predicted_ms = sum(times[o["kernel_key"]] for o in ops) / 1e3
+            eager = _eager_runs(n)
+            alone = statistics.median(eager["alone"])
+            tries.append({"predicted_ms": predicted_ms, "eager_alone_ms": alone})
+            if alone > predicted_ms:
+                break
     slowdown = statistics.median(b / a for a, b in zip(eager["alone"], eager["side_by_side"], strict=True))
     return {
         "eager_op_us": max(0.0, (alone - predicted_ms) * 1e3 / len(ops)), "kernels_per_microbatch": len(ops),
+        "drifted": alone <= predicted_ms, "attempts": tries,
         # side by side with n ranks; fewer than n share the caches and bus with fewer: interpolated
         "colocated": {str(k): 1.0 + (slowdown - 1.0) * (k - 1) / max(1, n - 1) for k in range(1, n + 1)},
         "predicted_ms": predicted_ms, "eager_ms": eager,
