@@ -123,11 +123,26 @@ class MemoryMeter(TorchDispatchMode):
         self._hooks = ()
         self._norm_input = None
         self.refs_made: list[_Entry] = []
+        # with the recorder labelling layers (echo.trace.template): each event's (block, layer),
+        # and each entry's where it was made
+        labelled = recorder is not None and recorder._layer_nodes is not None
+        self.event_labels: list[tuple[str, int]] | None = [] if labelled else None
+        self.entry_labels: list[tuple[str, int]] | None = [] if labelled else None
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _emit(self, e: _Entry, delta: int) -> None:
         if delta:
             self.events.append((e.id, delta))
+            if self.event_labels is not None:
+                self.event_labels.append(self._label())
+
+    def _label(self) -> tuple[str, int]:
+        """(block, layer) of what runs now, as the recorder labels ops (Recorder.label_layers);
+        block "end": after the backwards (the micro-batch's last references let go)."""
+        rec = self.recorder
+        if rec.ctx.phase != "forward":
+            return "backward", rec._layer_now()
+        return ("end" if self.saved_at_end_of_forward is not None else "forward"), rec._layer_now()
 
     def _track(self, t: torch.Tensor, func=None) -> None:
         local = _local(t)
@@ -140,6 +155,8 @@ class MemoryMeter(TorchDispatchMode):
         e = self.entries[key] = _Entry(len(self.refs_made), st.nbytes(), st.nbytes(),
                                        weight=isinstance(t, nn.Parameter))
         self.refs_made.append(e)
+        if self.entry_labels is not None:
+            self.entry_labels.append(self._label())
         self.refs[key] = weakref.ref(st, lambda _, key=key, e=e: self._freed(key, e))
         if self.region is not None:
             e.pending = True
@@ -269,10 +286,25 @@ class MemoryMeter(TorchDispatchMode):
         """Snapshot what the forwards saved for backward (the activation memory)."""
         self.saved_at_end_of_forward = self._saved_now()
 
+    def _excluded(self, exclude: Iterable[torch.Tensor]) -> set[int]:
+        return {self.entries[k].id for t in exclude if (k := _key(t)) in self.entries}
+
+    def labelled(self, exclude: Iterable[torch.Tensor] = ()) -> dict[str, list[dict]]:
+        """The events and entries with their (block, layer) labels (``finish``'s inputs), as
+        layer templates compose them (echo.trace.memory_template); ``exclude`` as for finish."""
+        out = self._excluded(exclude)
+        final = self.saved_at_end_of_forward or {}
+        chunk = {k: c for c, ids in enumerate(self.chunk_saved) for k in ids}
+        events = [{"id": k, "delta": d, "block": b, "layer": lab}
+                  for (k, d), (b, lab) in zip(self.events, self.event_labels, strict=True) if k not in out]
+        entries = [{"id": i, "block": b, "layer": lab, "final_bytes": final.get(i, 0), "chunk": chunk.get(i, -1),
+                    "excluded": i in out} for i, (b, lab) in enumerate(self.entry_labels)]
+        return {"mem_events": events, "mem_entries": entries}
+
     def finish(self, exclude: Iterable[torch.Tensor] = ()) -> MeterResult:
         """Saved and peak bytes, leaving out the storages of ``exclude`` (state kept elsewhere;
         they must still be alive)."""
-        out = {self.entries[k].id for t in exclude if (k := _key(t)) in self.entries}
+        out = self._excluded(exclude)
         final = self.saved_at_end_of_forward or {}
         saved = sum(v for k, v in final.items() if k not in out)
         # a chunk's storages as they stand at the end of the forwards (the kernel rules may have
@@ -481,6 +513,11 @@ class CachingAllocator:
         if self.expandable and b.next is None:
             self.tail[b.small] = b
         self._insert(b)
+
+
+# the published runs set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: torchtitan's
+# run_llama_train.sh, Megatron-Bridge's perf_recipes/*/h100/*.py
+EXPANDABLE_SEGMENTS = True
 
 
 def replay(events: Iterable[tuple[int, int]], repeats: int = 2, expandable: bool = False) -> CachingAllocator:

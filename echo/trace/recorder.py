@@ -16,6 +16,7 @@ stage charges each such call DTensor's dispatch time (echo.profile.host).
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,6 +79,7 @@ class Context:
     # process group name -> its kind (tp, dp, ep, ...): by name, since two kinds can hold the same
     # ranks (EP = DP) and must still be told apart; ranks -> kind for groups made elsewhere
     group_kinds: dict[str | tuple[int, ...], str] = field(default_factory=dict)
+    layer: int = -1             # block of the chunk running now (forward; -1: outside the blocks)
 
 
 def _unbox(pg) -> dist.ProcessGroup:
@@ -102,6 +104,47 @@ class Recorder(FakeTensorMode):
         self._dtensor_calls = 0  # DTensor-level calls not yet attributed to a recorded kernel ...
         self._dtensor_task: tuple[str, int] | None = None  # ... made in this (phase, chunk)
         self._last_kernel: dict[tuple[str, int], int] = {}  # (phase, chunk) -> its last kernel's row
+        self._layer_nodes: list[tuple[int, int, int]] | None = None  # (first, end, layer) autograd nrs
+
+    # -- layer labels (echo.trace.template) ---------------------------------------------------
+    def label_layers(self, chunks: list) -> None:
+        """Label each recorded op with the block it belongs to (an extra ``layer`` column).
+
+        Forward ops take the block running now. Backward and recomputed ops run inside the
+        autograd engine, on behalf of the node being executed: nodes are numbered as the forward
+        creates them, so the numbers a block's forward created name the block of its backward."""
+        self._layer_nodes = []
+        self.ops["layer"] = []
+        for chunk in chunks:
+            for i, block in enumerate(chunk.blocks):
+                block.register_forward_pre_hook(self._enter_block(i))
+                block.register_forward_hook(self._leave_block(i))
+
+    def _enter_block(self, i: int):
+        def hook(module, args):
+            if self.ctx.phase == "forward":
+                self.ctx.layer = i
+                module._echo_first_node = torch._C._autograd._get_sequence_nr()
+        return hook
+
+    def _leave_block(self, i: int):
+        def hook(module, args, out):
+            if self.ctx.phase == "forward":
+                self._layer_nodes.append((module._echo_first_node, torch._C._autograd._get_sequence_nr(), i))
+                self.ctx.layer = -1
+        return hook
+
+    def _layer_now(self) -> int:
+        if self.ctx.phase == "forward":
+            return self.ctx.layer
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return -1
+        nr = node._sequence_nr()
+        at = bisect.bisect_right(self._layer_nodes, (nr, float("inf"), 0)) - 1
+        if at >= 0 and self._layer_nodes[at][0] <= nr < self._layer_nodes[at][1]:
+            return self._layer_nodes[at][2]
+        return -1
 
     # -- driver controls ----------------------------------------------------------------
     @contextmanager
@@ -186,6 +229,8 @@ class Recorder(FakeTensorMode):
                    dtensor=dtensor)
         for k, v in row.items():
             self.ops[k].append(v)
+        if self._layer_nodes is not None:
+            self.ops["layer"].append(self._layer_now())
         for t in opinfo._tensors(list(args) + list(kwargs.values())):
             src = self._producer_of(t)
             if src is not None:
@@ -269,5 +314,8 @@ class Recorder(FakeTensorMode):
     def tables(self) -> dict[str, pa.Table]:
         if self._dtensor_calls:
             self._settle_dtensor_calls()
-        return {"ops": pa.table(self.ops, schema=OPS), "comms": pa.table(self.comms, schema=COMMS),
+        ops = pa.table({k: v for k, v in self.ops.items() if k != "layer"}, schema=OPS)
+        if self._layer_nodes is not None:
+            ops = ops.append_column("layer", pa.array(self.ops["layer"], pa.int32()))
+        return {"ops": ops, "comms": pa.table(self.comms, schema=COMMS),
                 "deps": pa.table(self.deps, schema=DEPS)}

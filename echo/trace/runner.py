@@ -44,8 +44,10 @@ def check_traceable(w: Workload) -> None:
         check_module(w)
 
 
-def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None = None) -> dict[str, pa.Table]:
-    """Trace ``ranks`` in parallel worker processes; return the concatenated tables."""
+def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None = None,
+                label_layers: bool = False) -> dict[str, pa.Table]:
+    """Trace ``ranks`` in parallel worker processes; return the concatenated tables (``label_layers``:
+    with the ops' ``layer`` column, as layer templates need)."""
     # the cores this process may run on (a SLURM job's allocation), not the machine's count
     jobs = jobs or max(1, min(len(ranks), len(os.sched_getaffinity(0))))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -53,14 +55,15 @@ def trace_ranks(w: Workload, ranks: list[int], out_dir: Path, jobs: int | None =
         spec = Path(tmp) / "workload.json"
         spec.write_text(w.model_dump_json())
         with ThreadPoolExecutor(jobs) as pool:
-            list(pool.map(lambda r: _run_worker(spec, r, Path(tmp) / str(r)), ranks))
+            list(pool.map(lambda r: _run_worker(spec, r, Path(tmp) / str(r), label_layers), ranks))
+        names = [*TABLES, *(["params", "mem_events", "mem_entries"] if label_layers else [])]
         return {name: pa.concat_tables([pq.read_table(Path(tmp) / str(r) / f"{name}.parquet") for r in ranks])
-                for name in TABLES}
+                for name in names}
 
 
-def _run_worker(spec: Path, rank: int, out: Path) -> None:
+def _run_worker(spec: Path, rank: int, out: Path, label_layers: bool = False) -> None:
     t0 = time.perf_counter()
-    proc = launch.run("echo.trace.worker", spec, rank, out)
+    proc = launch.run("echo.trace.worker", spec, rank, out, *(["--label-layers"] if label_layers else []))
     if proc.returncode:
         raise RuntimeError(f"tracing rank {rank} failed:\n{proc.stderr[-4000:]}")
     log.info("traced rank %d in %.1f s", rank, time.perf_counter() - t0)

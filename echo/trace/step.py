@@ -24,7 +24,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from echo.artifacts import TRACED_RANKS
 from echo.config.workload import Workload
-from echo.trace.meter import MemoryMeter
+from echo.trace import template
+from echo.trace.meter import EXPANDABLE_SEGMENTS, MemoryMeter
 from echo.trace.recorder import Recorder
 from echo.training import data_parallel, fp8, fsdp
 from echo.training.fused import fused_cross_entropy
@@ -64,8 +65,10 @@ def _loss(logits: torch.Tensor, fused: bool = False) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
-    """Trace ``rank`` of ``w``; returns ops, comms, deps and the one-row ranks table."""
+def trace_rank(w: Workload, rank: int, label_layers: bool = False) -> dict[str, pa.Table]:
+    """Trace ``rank`` of ``w``; returns ops, comms, deps and the one-row ranks table.
+    ``label_layers``: ops gain a ``layer`` column, the block of its chunk each belongs to (-1
+    outside the blocks), as layer templates need (echo.trace.template)."""
     t0 = time.perf_counter()
     layout, p = Layout(w.parallel), w.parallel
     torch.set_num_threads(1)
@@ -89,18 +92,23 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
             _parallelize(w, layout, rank, groups, chunks, dtype)
             for c in chunks:
                 fp8.patch_linears(c)
+        if label_layers:
+            rec.label_layers(chunks)
         torch.set_default_dtype(dtype)
         meter = MemoryMeter(data_parallel.local_params(chunks), native_gqa=p.zero < 3, gqa=w.model.heads // w.model.kv,
                             unsharded_is_state=fsdp.resident_unsharded(chunks, p) > 0,
-                            # the published runs set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True:
-                            # torchtitan's run_llama_train.sh, Megatron-Bridge's perf_recipes/*/h100/*.py
-                            expandable_segments=True, recorder=rec)
+                            expandable_segments=EXPANDABLE_SEGMENTS, recorder=rec)
         with rec, fp8.training(t.fp8_recipe, p.zero, fp8_gather=t.fp8_param_gather,
                                tp_group=groups["tp"] if p.sequence_parallel else None,
                                amax_group=groups["stage"]) as fp8_state:
             with meter, meter.functions():
                 _microbatch(w, layout, rank, rec, chunks, meter, dtype)
             used = meter.finish(exclude=_state_tensors(chunks, fp8_state))
+            labelled = {}
+            if label_layers:
+                labelled = {"params": template.param_manifest(chunks, rank),
+                            **{n: pa.Table.from_pylist([{"rank": rank, **r} for r in rows])
+                               for n, rows in meter.labelled(_state_tensors(chunks, fp8_state)).items()}}
             dp = data_parallel.DataParallel(chunks, groups, p, dtype, rec=rec, grad_dtype=grad_dtype)
             dp.grad_sync()
             dp.step()
@@ -120,7 +128,7 @@ def trace_rank(w: Workload, rank: int) -> dict[str, pa.Table]:
         ranks = ranks.append_column("peak_bytes_per_microbatch", pa.array([used.peak_bytes], pa.int64()))
         ranks = ranks.append_column("activation_bytes_per_chunk", pa.array([list(used.chunk_bytes)], pa.list_(pa.int64())))
         ranks = ranks.append_column("reserved_bytes_per_microbatch", pa.array([used.reserved_bytes], pa.int64()))
-        return {**rec.tables(), "ranks": ranks}
+        return {**rec.tables(), "ranks": ranks, **labelled}
     finally:
         dist.destroy_process_group()
 

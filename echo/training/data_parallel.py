@@ -127,19 +127,22 @@ def tp_partial_grad_numel(modules: list[nn.Module], sequence_parallel: bool) -> 
     parameters that read the whole gathered sequence (echo_tp_whole, hf_parallel)."""
     if not sequence_parallel:
         return 0
-    experts = _expert_ids(modules)
-    n = 0
-    for m in modules:
-        for p in m.parameters():
-            g = p.grad
-            if isinstance(g, DTensor):
-                n += p.to_local().numel() if any(pl.is_partial() for pl in g.placements) else 0
-            elif id(p) not in experts and not getattr(p, "echo_tp_whole", False):
-                n += p.numel()
-    return n
+    experts = expert_ids(modules)
+    return sum(local_tensor(p).numel() for m in modules for p in m.parameters() if tp_partial(p, experts))
 
 
-def _expert_ids(modules: list[nn.Module]) -> set[int]:
+def tp_partial(p: nn.Parameter, experts: set[int]) -> bool:
+    """Whether ``p``'s gradient is one of tp_partial_grad_numel's (sequence parallelism on); a
+    parameter standing for another (echo.trace.template's) says so in ``echo_tp_partial``."""
+    if hasattr(p, "echo_tp_partial"):
+        return p.echo_tp_partial
+    g = p.grad
+    if isinstance(g, DTensor):
+        return any(pl.is_partial() for pl in g.placements)
+    return id(p) not in experts and not getattr(p, "echo_tp_whole", False)
+
+
+def expert_ids(modules: list[nn.Module]) -> set[int]:
     """ids of the expert parameters: moe.MoE's, and transformers' routed experts (hf_moe)."""
     from echo.training.moe import MoE
 
@@ -160,7 +163,7 @@ class ReductionSet:
 def reduction_sets(modules: list[nn.Module], groups: dict, parallel) -> list[ReductionSet]:
     """Dense parameters reduce over dp; expert parameters over the ranks holding the same
     experts (edp, tp x cp x dp / ep of them)."""
-    experts = _expert_ids(modules)
+    experts = expert_ids(modules)
     dense, expert = [], []
     for m in modules:
         for p in m.parameters():

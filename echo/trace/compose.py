@@ -1,0 +1,200 @@
+"""A traced rank composed from layer templates (echo.trace.template), whole: the micro-batch's
+phases from the pieces, the gradient reduction and optimizer step traced for real over stand-in
+parameters, and the rank's row.
+
+The reduction and the step do not depend on what the parameters hold, only on how many elements
+each has, in which order, which are experts and which reduce over tp first
+(``echo.training.data_parallel``). The template's parameter manifest says that for one block and
+for the chunk's outer modules; the target chunk's list repeats the block's entries once per
+block. ``echo.training.data_parallel.DataParallel`` then runs over parameters of those sizes,
+recorded as the tracer records it (``trace_tail``), in a process of the target rank (the fake
+process group is per process); ``compose_ranks`` forks those processes from one that has already
+imported torch, so a rank costs tens of milliseconds, not an interpreter.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from torch import nn
+
+from echo.artifacts import COMMS, DEPS, OPS, TRACED_RANKS
+from echo.config.workload import Workload
+from echo.trace.template import (
+    DEPTH,
+    NotComposable,
+    Piece,
+    chunk_kind,
+    compose,
+    template_workload,
+    trace_pieces,
+)
+from echo.training.layout import Layout, chunk_slots
+
+
+def chunk_params(piece: Piece, n: int) -> list[dict]:
+    """The parameter entries of a chunk of ``n`` blocks of ``piece``'s kind, in module order."""
+    rows = piece.params
+    blocks = [r for r in rows if r["layer"] >= 0]
+    if not blocks:
+        raise NotComposable(f"{piece.kind}: no block parameters in the template")
+    first, last = rows.index(blocks[0]), rows.index(blocks[-1])
+    if any(r["layer"] < 0 for r in rows[first:last + 1]):
+        raise NotComposable(f"{piece.kind}: outer parameters between the blocks' parameters")
+    per_block = [[(r["numel"], r["dtype"], r["expert"], r["tp_partial"]) for r in blocks if r["layer"] == i]
+                 for i in range(piece.depth)]
+    if any(b != per_block[0] for b in per_block):
+        raise NotComposable(f"{piece.kind}: blocks of the template hold different parameters")
+    one = [r for r in blocks if r["layer"] == 0]
+    return rows[:first] + [r for _ in range(n) for r in one] + rows[last + 1:]
+
+
+class _StandIn(nn.Module):
+    """Parameters of the given sizes and kinds, in order: what the gradient reduction reads."""
+
+    def __init__(self, rows: list[dict]):
+        super().__init__()
+        self.params = nn.ParameterList()
+        for r in rows:
+            p = nn.Parameter(torch.empty(r["numel"], dtype=getattr(torch, r["dtype"])))
+            p.echo_tp_partial = r["tp_partial"]
+            if r["expert"]:
+                p.echo_expert = True
+            self.params.append(p)
+
+
+def trace_tail(w: Workload, rank: int, chunks: list[list[dict]]) -> dict:
+    """The gradient reduction and optimizer step of ``rank`` over parameters ``chunks`` (one entry
+    list per chunk), recorded; with the rank's parameter, gradient and optimizer bytes. Run in a
+    process of its own (it creates the rank's fake process group)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from echo.trace.recorder import Recorder
+    from echo.trace.step import _groups
+    from echo.training import data_parallel
+    from echo.training.model import DTYPES
+
+    layout, p, t = Layout(w.parallel), w.parallel, w.training
+    torch.set_num_threads(1)
+    dist.init_process_group("fake", rank=rank, world_size=layout.world_size, store=FakeStore())
+    try:
+        rec = Recorder(rank)
+        groups = _groups(layout, rank, rec)
+        dtype = DTYPES[t.dtype]
+        torch.set_default_dtype(dtype)
+        grad_dtype = torch.float32 if t.grad_reduce_in_fp32 else dtype
+        with rec, rec.muted():
+            modules = [_StandIn(rows) for rows in chunks]
+        with rec:
+            dp = data_parallel.DataParallel(modules, groups, p, dtype, rec=rec, grad_dtype=grad_dtype)
+            dp.grad_sync()
+            dp.step()
+        mem = data_parallel.rank_memory(modules, groups, p, dtype, 0, grad_dtype)
+        return {**rec.tables(), "param_bytes": mem.param_bytes, "grad_bytes": mem.grad_bytes,
+                "optimizer_bytes": mem.optimizer_bytes}
+    finally:
+        dist.destroy_process_group()
+
+
+def tail_jobs(w: Workload, pieces: dict, ranks: list[int]) -> list[tuple]:
+    """(workload, rank, chunk parameter lists) for each rank's ``trace_tail``."""
+    layout, jobs = Layout(w.parallel), []
+    for rank in ranks:
+        chunks = []
+        for slot in chunk_slots(w.parallel, w.model.layers, layout.coords(rank).pp):
+            n = len(slot.layers)
+            chunks.append(chunk_params(pieces[(chunk_kind(slot.first, slot.last), DEPTH if n > 1 else 1)], n))
+        jobs.append((w, rank, chunks))
+    return jobs
+
+
+def _tail_job(job: tuple) -> dict:
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    return trace_tail(*job)
+
+
+def tails(jobs: list[tuple], processes: int) -> list[dict]:
+    """``trace_tail`` of each job, in processes forked from this one (torch already imported)."""
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(max(1, min(processes, len(jobs))), maxtasksperchild=1) as pool:
+        return pool.map(_tail_job, jobs, chunksize=1)
+
+
+def assemble(w: Workload, rank: int, micro: dict[str, pa.Table], tail: dict, memory: dict, wall_s: float) -> dict[str, pa.Table]:
+    """One rank's ops, comms, deps and ranks row: the micro-batch's phases, then the tail."""
+    from echo.trace.hashing import graph_hash
+
+    n_ops, n_comms = micro["ops"].num_rows, micro["comms"].num_rows
+    t_ops = tail["ops"].to_pylist()
+    for o in t_ops:
+        o["seq"] += n_ops
+        o["comm_id"] = o["comm_id"] + n_comms if o["comm_id"] >= 0 else -1
+    t_comms = [{**c, "seq": c["seq"] + n_ops, "comm_id": c["comm_id"] + n_comms} for c in tail["comms"].to_pylist()]
+    t_deps = [{**d, "src": d["src"] + n_ops, "dst": d["dst"] + n_ops} for d in tail["deps"].to_pylist()]
+    ops = pa.concat_tables([micro["ops"], pa.Table.from_pylist(t_ops, schema=OPS)])
+    comms = pa.concat_tables([micro["comms"], pa.Table.from_pylist(t_comms, schema=COMMS)])
+    deps = pa.concat_tables([micro["deps"], pa.Table.from_pylist(t_deps, schema=DEPS)])
+    layout = Layout(w.parallel)
+    c = layout.coords(rank)
+    ranks = pa.table({
+        "rank": [rank], "role": [layout.role_of(rank)], "pp_rank": [c.pp], "tp_rank": [c.tp], "dp_rank": [c.dp],
+        "cp_rank": [c.cp], "graph_hash": [graph_hash(ops, comms, layout, rank)], "param_bytes": [tail["param_bytes"]],
+        "grad_bytes": [tail["grad_bytes"]], "optimizer_bytes": [tail["optimizer_bytes"]],
+        "activation_bytes_per_microbatch": [memory["saved_bytes"]], "trace_wall_s": [wall_s]}, schema=TRACED_RANKS)
+    ranks = ranks.append_column("peak_bytes_per_microbatch", pa.array([memory["peak_bytes"]], pa.int64()))
+    ranks = ranks.append_column("activation_bytes_per_chunk", pa.array([list(memory["chunk_bytes"])], pa.list_(pa.int64())))
+    ranks = ranks.append_column("reserved_bytes_per_microbatch", pa.array([memory["reserved_bytes"]], pa.int64()))
+    return {"ops": ops, "comms": comms, "deps": deps, "ranks": ranks}
+
+
+def signature(w: Workload) -> str:
+    """What ``w``'s templates depend on: its template job without the name (layouts that share
+    it share the templates)."""
+    import hashlib
+    import json
+
+    dump = template_workload(w, 3).trace_dump()
+    dump.pop("name", None)
+    dump.pop("description", None)
+    return hashlib.sha256(json.dumps(dump, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cached_pieces(w: Workload, cache_dir: Path, jobs: int | None = None) -> dict:
+    """``w``'s pieces, from ``{cache_dir}/{signature}/`` (traced there first if need be)."""
+    return trace_pieces(w, Path(cache_dir) / signature(w), jobs=jobs)
+
+
+def compose_trace(w: Workload, out_dir: Path, cache_dir: Path, processes: int = 1) -> dict[str, pa.Table]:
+    """``run_trace``'s artifacts for ``w`` (ops, comms, deps, ranks in ``out_dir``), composed from
+    layer templates cached in ``cache_dir``; returns the tables."""
+    from echo.io import write_parquet
+    from echo.trace.runner import TABLES
+
+    reps = sorted(Layout(w.parallel).representatives().values())
+    ranks = compose_ranks(w, cached_pieces(w, cache_dir, processes), reps, processes)
+    tables = {name: pa.concat_tables([ranks[r][name] for r in reps]) for name in TABLES}
+    for name, schema in TABLES.items():
+        write_parquet(tables[name], Path(out_dir) / f"{name}.parquet", schema)
+    return tables
+
+
+def compose_ranks(w: Workload, pieces: dict, ranks: list[int], processes: int = 1) -> dict[int, dict[str, pa.Table]]:
+    """Every rank of ``ranks`` composed whole."""
+    from echo.trace.memory_template import compose_memory
+
+    t0 = time.perf_counter()
+    done = tails(tail_jobs(w, pieces, ranks), processes)
+    out = {}
+    for rank, tail in zip(ranks, done, strict=True):
+        t = time.perf_counter()
+        micro = compose(pieces, w, rank)
+        memory = compose_memory(pieces, w, rank)
+        out[rank] = assemble(w, rank, micro, tail, memory, time.perf_counter() - t + (t - t0) / len(ranks))
+    return out
