@@ -223,7 +223,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     exp = expansion(args.sweep, root=args.config_dir)
     s = exp.sweep
     print(f"sweep {s.name}: {s.description}")
-    print(f"  {s.gpus} x {s.hardware} on {', '.join(s.topologies)}; axes: "
+    print(f"  {'/'.join(map(str, s.gpu_counts))} x {s.hardware} on {', '.join(s.topologies)}; axes: "
           + "; ".join(f"{a} {v}" for a, v in s.axes.items()))
     print(f"  {len(exp.candidates)} combinations: {len(exp.kept)} layouts kept (traced as {len(exp.traces)} "
           f"shared traces), {len(exp.dropped)} dropped")
@@ -238,6 +238,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            title=f"best layouts ({ranking})"))
     else:
         print(f"not simulated yet: snakemake --cores 2 {ranking}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    import os
+
+    from echo.report.audit import render_table
+    from echo.sweep.search import run_search
+    from echo.workflow.paths import SEARCH
+
+    out = Path(args.out or SEARCH("", search=args.spec, results=args.results))
+    cores = args.cores or len(os.sched_getaffinity(0))
+    res = run_search(args.spec, out, processes=cores, root=args.config_dir, verify=args.verify)
+    print(f"search {args.spec}: {res['layouts']} combinations, {res['kept']} layouts kept, {res['ranked']} ranked "
+          f"({res['fit']} fit in memory) in {res['wall_s']:.0f} s (templates and tails {res['prepare_s']:.0f} s, "
+          f"layouts {res['simulate_s']:.0f} s, {res['verified']} checked against full traces {res['verify_s']:.0f} s)")
+    import pyarrow as pa
+
+    if res["best"]:
+        best = pa.Table.from_pylist(res["best"]).select(["rank", "tokens", "topology", "step_time_s", "mfu",
+                                                           "peak_mem_gib"])
+        print(render_table(best, title=f"best layouts ({out / 'ranking.parquet'})"))
     return 0
 
 
@@ -326,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("sweep", cmd_sweep, "a sweep's layouts (kept or dropped, with why) and, once simulated, the best")
     p.add_argument("sweep", help="a config/sweeps/ file's name")
     p.add_argument("--top", type=int, default=3, help="best layouts to show (default 3)")
+
+    p = add("search", cmd_search, "rank every layout of a sweep file, each rank composed from layer templates "
+            "(thousands of layouts in minutes; writes results/search/SPEC/)")
+    p.add_argument("spec", help="a config/sweeps/ file's name")
+    p.add_argument("--cores", type=int, default=None, help="worker processes (default: the CPUs this may use)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default results/search/SPEC)")
+    p.add_argument("--verify", type=int, default=None,
+                   help="layouts whose composed rank is compared with a full trace (default: the spec's verify)")
 
     add("versions", cmd_versions, "print each stage's code version (what the workflow's params compare)")
 

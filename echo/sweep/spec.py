@@ -90,11 +90,17 @@ class Sweep(BaseModel):
     model: dict[str, Any] = Field(default_factory=dict, description="model keys (over base's)")
     training: dict[str, Any] = Field(default_factory=dict, description="training keys (over base's)")
     parallel: dict[str, Any] = Field(default_factory=dict, description="parallel keys for unswept axes (over base's)")
-    gpus: PositiveInt = Field(description="GPUs of every layout (= tp x pp x dp x cp)")
+    gpus: PositiveInt | list[PositiveInt] = Field(
+        description="GPUs of every layout (= tp x pp x dp x cp), or a list of GPU counts to search over")
     hardware: str = Field(description="a hardware file's name")
     topologies: list[str] = Field(min_length=1, description="topology files' names")
     axes: dict[str, list[Any]] = Field(description="axis -> values; axes: " + ", ".join(AXES))
-    verify: int = Field(1, ge=0, description="ranks each layout's dedup re-traces (checks trace sharing)")
+    verify: int = Field(1, ge=0, description="ranks each layout's dedup re-traces (checks trace sharing); "
+                        "for a search: layouts whose composed rank is checked against a full trace")
+
+    @property
+    def gpu_counts(self) -> list[int]:
+        return self.gpus if isinstance(self.gpus, list) else [self.gpus]
 
 
 @dataclass(frozen=True)
@@ -235,14 +241,14 @@ def expand(sweep: Sweep, path: Path, root: Path | None = None, traceable=None) -
     blocks = _defaults(sweep, path, root)
     axes = [a for a in AXES if a in sweep.axes]
     out = Expansion(sweep, path)
-    for combo in itertools.product(*(sweep.axes[a] for a in axes)):
+    for gpus, combo in itertools.product(sweep.gpu_counts, itertools.product(*(sweep.axes[a] for a in axes))):
         chosen = dict(zip(axes, combo, strict=True))
         parallel = {**blocks["parallel"], **{a: v for a, v in chosen.items() if AXES[a] == "parallel"}}
         training = {**blocks["training"], **{a: v for a, v in chosen.items() if AXES[a] == "training"}}
         if "dp" not in chosen:
             parallel.pop("dp", None)  # derived from the GPU count below
         values = {a: (training if AXES[a] == "training" else parallel).get(a, DEFAULTS.get(a)) for a in AXES}
-        out.candidates.append(_candidate(sweep, path, blocks["model"], parallel, training, values, traceable))
+        out.candidates.append(_candidate(sweep, path, blocks["model"], parallel, training, values, traceable, gpus))
     for c in out.kept:
         trace = _trace_workload(sweep, path, c)
         known = out.traces.setdefault(trace.name, trace)
@@ -252,7 +258,7 @@ def expand(sweep: Sweep, path: Path, root: Path | None = None, traceable=None) -
 
 
 def _candidate(sweep: Sweep, path: Path, model: dict, parallel: dict, training: dict, values: dict,
-               traceable) -> Candidate:
+               traceable, gpus: int) -> Candidate:
     def drop(key: str, reason: str) -> Candidate:
         return Candidate(f"{sweep.name}{SEP}{layout_tokens(values)}", values, key=key, reason=reason)
 
@@ -260,11 +266,11 @@ def _candidate(sweep: Sweep, path: Path, model: dict, parallel: dict, training: 
     if not all(isinstance(v, int) and v > 0 for v in (tp, pp, cp)):
         return drop("axes", f"tp, pp and cp must be positive integers (tp {tp}, pp {pp}, cp {cp})")
     if values["dp"] is None:
-        if sweep.gpus % (tp * pp * cp):
-            return drop("parallel.dp", f"gpus {sweep.gpus} is not divisible by tp x pp x cp = {tp * pp * cp}")
-        values["dp"] = parallel["dp"] = sweep.gpus // (tp * pp * cp)
-    elif not isinstance(values["dp"], int) or tp * pp * cp * values["dp"] != sweep.gpus:
-        return drop("parallel.dp", f"tp x pp x dp x cp = {tp} x {pp} x {values['dp']} x {cp} is not gpus {sweep.gpus}")
+        if gpus % (tp * pp * cp):
+            return drop("parallel.dp", f"gpus {gpus} is not divisible by tp x pp x cp = {tp * pp * cp}")
+        values["dp"] = parallel["dp"] = gpus // (tp * pp * cp)
+    elif not isinstance(values["dp"], int) or tp * pp * cp * values["dp"] != gpus:
+        return drop("parallel.dp", f"tp x pp x dp x cp = {tp} x {pp} x {values['dp']} x {cp} is not gpus {gpus}")
     if values["schedule"] == "interleaved" and values["virtual_stages"] == 1 and "1f1b" in sweep.axes.get("schedule", []):
         same = f"{sweep.name}{SEP}{layout_tokens({**values, 'schedule': '1f1b'})}"
         return drop("parallel.schedule", f"interleaved with virtual_stages 1 is 1F1B: same as {same}")

@@ -14,7 +14,6 @@ imported torch, so a rank costs tens of milliseconds, not an interpreter.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from pathlib import Path
 
@@ -113,6 +112,37 @@ def tail_jobs(w: Workload, pieces: dict, ranks: list[int]) -> list[tuple]:
     return jobs
 
 
+def tail_key(job: tuple) -> str:
+    """What a tail depends on: the group sizes, the numerics and the parameters; ranks with equal
+    keys (the middle stages of a pipeline; layouts that differ only in the micro-batch, the
+    recompute or the schedule) run the same tail over their own groups."""
+    import hashlib
+    import json
+
+    w, _, chunks = job
+    p, t = w.parallel, w.training
+    key = {"sizes": [p.tp, p.cp, p.dp, p.pp, p.ep, p.zero, p.sequence_parallel], "dtype": t.dtype,
+           "fp32_grads": t.grad_reduce_in_fp32,
+           "params": [[(r["numel"], r["dtype"], r["expert"], r["tp_partial"]) for r in rows] for rows in chunks]}
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()
+
+
+def relabel_tail(tail: dict, layout: Layout, rank: int) -> dict:
+    """A tail traced on another rank of the same layout, over ``rank``'s groups (the c10d calls
+    of the reduction and the step carry no rank in their arguments; their comms rows do)."""
+    comms = []
+    for c in tail["comms"].to_pylist():
+        kind = c["group_kind"]
+        group = layout.expert_group(rank, kind) if kind in ("ep", "edp") else layout.group(rank, kind)
+        comms.append({**c, "rank": rank, "group": group, "group_size": len(group)})
+    return {**tail, "ops": tail["ops"].set_column(0, "rank", pa.array([rank] * tail["ops"].num_rows, pa.int32())),
+            "comms": pa.Table.from_pylist(comms, schema=COMMS),
+            "deps": tail["deps"].set_column(0, "rank", pa.array([rank] * tail["deps"].num_rows, pa.int32()))}
+
+
+_TAILS: dict[str, dict] = {}  # tail_key -> a traced tail, kept for the process's later layouts
+
+
 def _tail_job(job: tuple) -> dict:
     import warnings
 
@@ -121,10 +151,21 @@ def _tail_job(job: tuple) -> dict:
 
 
 def tails(jobs: list[tuple], processes: int) -> list[dict]:
-    """``trace_tail`` of each job, in processes forked from this one (torch already imported)."""
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(max(1, min(processes, len(jobs))), maxtasksperchild=1) as pool:
-        return pool.map(_tail_job, jobs, chunksize=1)
+    """``trace_tail`` of each job: one trace per distinct ``tail_key`` (in processes forked from
+    this one, which has torch imported), relabelled for the ranks that share it."""
+    keys = [tail_key(j) for j in jobs]
+    todo = {k: j for k, j in zip(keys, jobs, strict=True) if k not in _TAILS}
+    from echo.trace.runner import forked_map
+
+    for k, tail in zip(todo, forked_map(_tail_job, list(todo.values()), processes), strict=True):
+        _TAILS[k] = {**tail, "layout": Layout(todo[k][0].parallel), "rank": todo[k][1]}
+    out = []
+    for k, (w, rank, _) in zip(keys, jobs, strict=True):
+        hit = _TAILS[k]
+        # a tail of another layout with the same sizes: its groups are this layout's
+        out.append(hit if hit["rank"] == rank and hit["layout"] == Layout(w.parallel)
+                   else relabel_tail(hit, Layout(w.parallel), rank))
+    return out
 
 
 def assemble(w: Workload, rank: int, micro: dict[str, pa.Table], tail: dict, memory: dict, wall_s: float) -> dict[str, pa.Table]:
@@ -197,4 +238,26 @@ def compose_ranks(w: Workload, pieces: dict, ranks: list[int], processes: int = 
         micro = compose(pieces, w, rank)
         memory = compose_memory(pieces, w, rank)
         out[rank] = assemble(w, rank, micro, tail, memory, time.perf_counter() - t + (t - t0) / len(ranks))
+    return out
+
+
+def differences(composed: dict[str, pa.Table], traced: dict[str, pa.Table]) -> list[str]:
+    """Where one composed rank differs from its full trace (both: that rank's ops, comms, deps
+    and ranks tables): the first differing row of each table, row counts that differ; every
+    column but the ranks row's ``trace_wall_s``. Empty: the graphs are the same."""
+    out = []
+    for name in ("ops", "comms", "deps", "ranks"):
+        a, b = composed[name], traced[name]
+        if name == "ranks":
+            a, b = a.drop_columns(["trace_wall_s"]), b.drop_columns(["trace_wall_s"])
+        if a.column_names != b.column_names:
+            out.append(f"{name}: columns {a.column_names} composed, {b.column_names} traced")
+            continue
+        a, b = a.to_pylist(), b.to_pylist()
+        if len(a) != len(b):
+            out.append(f"{name}: {len(a)} composed rows, {len(b)} traced")
+        bad = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if bad is not None:
+            diff = {k: (a[bad][k], b[bad][k]) for k in a[bad] if a[bad][k] != b[bad][k]}
+            out.append(f"{name} row {bad}: {diff}")
     return out

@@ -42,6 +42,7 @@ def graph_hash(ops: pa.Table, comms: pa.Table, layout: Layout, rank: int) -> str
         h.update(repr(row).encode())
     for op, group, kind, nbytes, peer in zip(*(comms.column(c).to_pylist() for c in
                                               ("op", "group", "group_kind", "bytes", "peer")), strict=True):
-        relative = tuple(g - min(group) for g in group)  # the group's shape, not where it sits
+        low = min(group)
+        relative = tuple(g - low for g in group)  # the group's shape, not where it sits
         h.update(repr((op, kind, relative, nbytes, peer - rank if peer >= 0 else None)).encode())
     return h.hexdigest()[:20]

@@ -79,3 +79,30 @@ def run_trace(workload: Workload, out_dir: Path) -> None:
     tables = trace_ranks(workload, sorted(reps.values()), out_dir)
     for name, schema in TABLES.items():
         write_parquet(tables[name], out_dir / f"{name}.parquet", schema)
+
+
+def warm() -> None:
+    """Import here what tracing imports, so that processes forked from this one find it imported
+    (a fake tensor mode's first use alone imports torch._dynamo: over a second)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
+
+    from echo.trace import recorder, step  # noqa: F401
+    from echo.training import data_parallel, model  # noqa: F401
+
+    with FakeTensorMode():
+        torch.empty(1)
+
+
+def forked_map(fn, jobs: list, processes: int) -> list:
+    """``fn(job)`` for each job, each in a process forked from this one (after ``warm``): a traced
+    rank needs a process of its own (its fake process group), not a fresh interpreter."""
+    import multiprocessing
+
+    if not jobs:
+        return []
+    warm()
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(max(1, min(processes, len(jobs))), maxtasksperchild=1) as pool:
+        return pool.map(fn, jobs, chunksize=1)

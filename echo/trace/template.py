@@ -69,7 +69,11 @@ PARAMS = pa.schema([
 
 
 class NotComposable(ValueError):
-    """A rank this template cannot stand for; the message says why."""
+    """A rank this template cannot stand for; the message says why, ``key`` the setting behind it."""
+
+    def __init__(self, reason: str, key: str = "model.layers"):
+        super().__init__(reason)
+        self.key = key
 
 
 def param_manifest(chunks: list, rank: int) -> pa.Table:
@@ -99,20 +103,22 @@ def template_workload(w: Workload, stages: int, depth: int = DEPTH) -> Workload:
     if w.model.arch in ("hf", "module"):
         # a Hugging Face config or a user module may give its layers kinds by index (DeepSeek's
         # first dense layers, gpt-oss's sliding windows): a block is not every block there
-        raise NotComposable(f"model.arch {w.model.arch}: its blocks may differ by index")
+        raise NotComposable(f"model.arch {w.model.arch}: its blocks may differ by index", "model.arch")
     if w.parallel.zero == 3:
         raise NotComposable("parallel.zero 3: FSDP gathers and reduces inside the blocks, over groups that "
-                            "follow the data-parallel size")
+                            "follow the data-parallel size", "parallel.zero")
     if w.training.dtype == "fp8":
         # the step casts each FP8 linear's weight (fp8.cast_weights), and delayed scaling reduces
         # amaxes over the whole stage: both follow what the template shrinks
         raise NotComposable("training.dtype fp8: the optimizer step's weight casts and the stage's amax "
-                            "reductions are not composed yet")
+                            "reductions are not composed yet", "training.dtype")
     t = w.traced()
     p = t.parallel
     dp = p.ep // math.gcd(p.ep, p.tp * p.cp)
+    # ZeRO 0-2 differ only in the gradient reduction and the step, which are traced for the
+    # target itself (echo.trace.compose): one template serves all three
     parallel = p.model_copy(update={"pp": stages, "dp": dp, "virtual_stages": 1, "schedule": "1f1b",
-                                    "stage_layers": None})
+                                    "stage_layers": None, "zero": 1})
     training = t.training.model_copy(update={"global_batch": t.training.micro_batch * dp * stages})
     model = t.model.model_copy(update={"layers": stages * depth})
     return t.model_copy(update={"name": f"{w.name}--template-{stages}x{depth}", "model": model,
@@ -139,31 +145,56 @@ def needed(w: Workload) -> set[tuple[str, int]]:
 TEMPLATE_TABLES = ("ops", "comms", "deps", "params", "mem_events", "mem_entries")
 
 
-def trace_pieces(w: Workload, cache_dir: Path, jobs: int | None = None) -> dict[tuple[str, int], Piece]:
-    """``w``'s pieces, from the labelled template traces in ``cache_dir`` (one folder per
-    template job, ``{stages}x{depth}``), tracing the jobs not there yet. A job's tables are
-    written one by one, ``done`` last: a killed job is traced again."""
-    from echo.io import read_parquet, write_parquet
-    from echo.trace.runner import trace_ranks
-
+def template_jobs(w: Workload, cache_dir: Path) -> list[tuple[Path, Workload, list[int]]]:
+    """(folder, template workload, ranks) of each template job ``w`` needs that ``cache_dir``
+    does not hold yet (one folder per job, ``{stages}x{depth}``)."""
     where = template_ranks(w)
-    kinds_of: dict[tuple[int, int], list[str]] = {}
-    for kind, depth in sorted(needed(w)):
-        kinds_of.setdefault((where[kind][0], depth), []).append(kind)
-    pieces = {}
-    for (stages, depth), kinds in sorted(kinds_of.items()):
-        tw = template_workload(w, stages, depth)
+    out = []
+    for stages, depth in sorted({(where[kind][0], depth) for kind, depth in needed(w)}):
         folder = Path(cache_dir) / f"{stages}x{depth}"
         if not (folder / "done").is_file():
-            ranks = sorted({r for k, (s, r) in where.items() if s == stages})
-            tables = trace_ranks(tw, ranks, folder / "work", jobs=jobs, label_layers=True)
-            for name in TEMPLATE_TABLES:
-                write_parquet(tables[name], folder / f"{name}.parquet")
-            (folder / "done").write_text(tw.model_dump_json())
+            out.append((folder, template_workload(w, stages, depth), sorted({r for s, r in where.values() if s == stages})))
+    return out
+
+
+def _trace_labelled(job: tuple[Workload, int]) -> dict[str, pa.Table]:
+    import warnings
+
+    from echo.trace.step import trace_rank
+
+    warnings.filterwarnings("ignore", category=UserWarning)  # funcol's "not awaited" under fake tensors
+    return trace_rank(*job, label_layers=True)
+
+
+def run_template_jobs(jobs: list[tuple[Path, Workload, list[int]]], processes: int = 1) -> None:
+    """Trace the jobs' ranks, labelled, in forked processes; write each job's tables into its
+    folder, ``done`` last (a job killed half-way is traced again)."""
+    from echo.io import write_parquet
+    from echo.trace.runner import forked_map
+
+    flat = [(tw, r) for _, tw, ranks in jobs for r in ranks]
+    traced = iter(forked_map(_trace_labelled, flat, processes))
+    for folder, tw, ranks in jobs:
+        mine = [next(traced) for _ in ranks]
+        for name in TEMPLATE_TABLES:
+            write_parquet(pa.concat_tables([t[name] for t in mine]), folder / f"{name}.parquet")
+        (folder / "done").write_text(tw.model_dump_json())
+
+
+def trace_pieces(w: Workload, cache_dir: Path, jobs: int | None = None) -> dict[tuple[str, int], Piece]:
+    """``w``'s pieces, from the labelled template traces in ``cache_dir``, tracing the template
+    jobs not there yet (``jobs`` processes at once)."""
+    from echo.io import read_parquet
+
+    run_template_jobs(template_jobs(w, cache_dir), jobs or 1)
+    where = template_ranks(w)
+    pieces = {}
+    for kind, depth in sorted(needed(w)):
+        stages, r = where[kind]
+        folder = Path(cache_dir) / f"{stages}x{depth}"
         tables = {name: read_parquet(folder / f"{name}.parquet") for name in TEMPLATE_TABLES}
-        for k in kinds:
-            r = where[k][1]
-            pieces[(k, depth)] = piece(k, depth, tw, {n: t.filter(pac.equal(t["rank"], r)) for n, t in tables.items()})
+        pieces[(kind, depth)] = piece(kind, depth, template_workload(w, stages, depth),
+                                      {n: t.filter(pac.equal(t["rank"], r)) for n, t in tables.items()})
     return pieces
 
 

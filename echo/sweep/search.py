@@ -1,0 +1,252 @@
+"""Design-space search: every layout of a sweep file ranked, each rank composed from layer templates.
+
+A sweep (``echo.sweep.spec``) traces each layout's ranks through the workflow, half a minute a
+rank on two cores; a search answers the same question for thousands of layouts in one job:
+
+1. expand the spec, dropping with key and reason what cannot work (``spec.expand``) and what
+   layer templates cannot stand for yet (``echo.trace.template.NotComposable``: FSDP, FP8,
+   Hugging Face models), before any tracing;
+2. trace each distinct template job once (``echo.trace.compose.cached_pieces``, shared by every
+   layout with the same block signature) and each distinct gradient-reduction tail once;
+3. per layout, in worker processes: compose its ranks (``compose_trace``), group them
+   (``echo.dedup``), cost their kernels (``echo.profile``), simulate every topology
+   (``echo.simulate``) and keep the summary rows; the layout's files are deleted after;
+4. check composition: for ``verify`` layouts spread over the search, one rank each is traced
+   in full and compared op by op with its composed graph; a difference fails the search and
+   names the layout;
+5. rank: those that fit by step time, those that do not with the memory term that overflows,
+   and the Pareto fronts of step time against memory and against GPU count.
+
+Outputs in the search folder: ``layouts.parquet`` (every candidate, kept or dropped with why),
+``ranking.parquet``, ``pareto.parquet``, ``verify.parquet`` and the two front figures.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from echo.config.workload import Workload
+from echo.errors import ConfigError
+from echo.sweep.rank import RANKING, layouts_table
+from echo.sweep.spec import AXES, Candidate, Expansion, expand, load_sweep
+
+# the memory terms of a summary row, in the order a rank fills its device (echo.simulate.summary)
+MEMORY_TERMS = ("state", "activations", "working", "fragmentation", "framework")
+SEARCH_RANKING = pa.schema([*RANKING, ("gpus", pa.int64()), ("overflow", pa.string())])
+PARETO = pa.schema([("front", pa.string()), ("layout", pa.string()), ("topology", pa.string()),
+                    ("gpus", pa.int64()), ("step_time_s", pa.float64()), ("peak_mem_gib", pa.float64())])
+VERIFY = pa.schema([("layout", pa.string()), ("rank", pa.int64()), ("ops", pa.int64()),
+                    ("equal", pa.bool_()), ("difference", pa.string())])
+
+
+class SearchError(RuntimeError):
+    """A search that cannot be trusted (a composed graph differs from its full trace)."""
+
+
+def _composable(path: Path):
+    """``expand``'s ``traceable`` for a search: the tracer's own checks, then the templates'."""
+    from echo.trace import check_traceable
+    from echo.trace.template import NotComposable, template_workload
+
+    def check(w: Workload) -> None:
+        check_traceable(w)
+        try:
+            template_workload(w, 3)
+        except NotComposable as exc:
+            raise ConfigError(path, exc.key, str(exc)) from None
+    return check
+
+
+def expand_search(name: str, root: Path | None = None) -> Expansion:
+    sweep, path = load_sweep(name, root)
+    return expand(sweep, path, root, traceable=_composable(path))
+
+
+class _Progress:
+    """One line on stderr now and then: layouts done, templates traced, time left."""
+
+    def __init__(self, name: str, total: int):
+        self.name, self.total, self.t0, self.last, self.templates = name, total, time.perf_counter(), 0.0, 0
+
+    def show(self, done: int, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self.last < 5.0:
+            return
+        self.last, spent = now, now - self.t0
+        left = spent / done * (self.total - done) if done else float("nan")
+        print(f"search {self.name}: {done}/{self.total} layouts, {self.templates} template jobs traced, "
+              f"{spent:.0f} s so far, ~{left:.0f} s left", file=sys.stderr, flush=True)
+
+
+_STATE: dict = {}  # what the forked workers read: set before the pool starts
+
+
+def _evaluate(i: int) -> list[dict]:
+    """Compose, group, cost and simulate kept layout ``i`` on every topology (in a worker)."""
+    import warnings
+
+    import pyarrow.parquet as pq
+
+    from echo.artifacts import RANK_CLASSES
+    from echo.dedup import rank_classes
+    from echo.io import write_parquet
+    from echo.profile import run_profile
+    from echo.simulate import run_simulate
+    from echo.trace.compose import compose_trace
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    s = _STATE
+    c: Candidate = s["kept"][i]
+    w = c.workload
+    with tempfile.TemporaryDirectory(prefix=".layout-", dir=s["work"]) as tmp:
+        tmp = Path(tmp)
+        compose_trace(w, tmp / "trace", s["cache"])
+        write_parquet(rank_classes(w, pq.read_table(tmp / "trace" / "ranks.parquet")), tmp / "classes.parquet",
+                      RANK_CLASSES)
+        run_profile(s["hardware"], tmp / "trace", tmp / "kernels.parquet")
+        rows = []
+        for topo in s["topologies"]:
+            summary = run_simulate(w, s["hardware"], topo, tmp / "trace", tmp / "classes.parquet",
+                                   tmp / "kernels.parquet", s["calib"][topo.name], tmp / "sim" / topo.name)
+            rows.append({**summary.to_pylist()[0], "layout": c.name})
+    return rows
+
+
+def _prepare(exp: Expansion, cache: Path, processes: int, progress: _Progress) -> None:
+    """Trace the templates and the distinct tails of every kept layout, here, before forking."""
+    from echo.trace.compose import cached_pieces, signature, tail_jobs, tails
+    from echo.training.layout import Layout
+
+    jobs, seen = [], set()
+    for c in exp.kept:
+        w = c.workload
+        if signature(w) not in seen:
+            seen.add(signature(w))
+            progress.templates += 1
+        pieces = cached_pieces(w, cache, processes)
+        jobs += tail_jobs(w, pieces, sorted(Layout(w.parallel).representatives().values()))
+    tails(jobs, processes)
+
+
+def _verify(exp: Expansion, cache: Path, count: int, work: Path) -> list[dict]:
+    """One rank of ``count`` layouts spread over the kept ones, traced in full and compared."""
+    from echo.trace.compose import cached_pieces, compose_ranks, differences
+    from echo.trace.runner import trace_ranks
+    from echo.training.layout import Layout
+
+    kept = exp.kept
+    picks = [kept[round(k * (len(kept) - 1) / max(1, count - 1))] for k in range(min(count, len(kept)))]
+    out = []
+    for n, c in enumerate(dict.fromkeys(picks)):
+        w = c.workload
+        reps = sorted(Layout(w.parallel).representatives().values())
+        rank = reps[n % len(reps)]  # first, then later stages: each kind of chunk gets checked
+        composed = compose_ranks(w, cached_pieces(w, cache), [rank])[rank]
+        traced = trace_ranks(w, [rank], work / f"verify-{n}")
+        diff = differences(composed, traced)
+        out.append({"layout": c.name, "rank": rank, "ops": composed["ops"].num_rows, "equal": not diff,
+                    "difference": diff[0] if diff else None})
+        if diff:
+            raise SearchError(f"{c.name}: rank {rank} composed from templates differs from its full trace: {diff[0]}")
+    return out
+
+
+def overflow(row: dict, capacity_gib: float) -> str | None:
+    """The memory term at which a rank that does not fit passes the device's capacity."""
+    if row["fits"]:
+        return None
+    total = 0.0
+    for term in MEMORY_TERMS:
+        total += row.get(f"mem_{term}_gib") or 0.0
+        if total > capacity_gib:
+            return f"{term} ({total:.1f} GiB with the terms before it, of {capacity_gib:.0f})"
+    return f"device memory ({row.get('device_mem_gib', 0.0):.1f} GiB of {capacity_gib:.0f})"
+
+
+def pareto(rows: list[dict], x: str) -> list[dict]:
+    """The fitting rows no other fitting row beats in both step time and ``x``."""
+    fit = sorted((r for r in rows if r["fits"]), key=lambda r: (r[x], r["step_time_s"]))
+    out, best = [], float("inf")
+    for r in fit:
+        if r["step_time_s"] < best:
+            out.append(r)
+            best = r["step_time_s"]
+    return out
+
+
+def rank_rows(exp: Expansion, rows: list[dict], capacity_gib: float) -> pa.Table:
+    kept = {c.name: c for c in exp.kept}
+    out = []
+    for r in rows:
+        c = kept[r["layout"]]
+        out.append({"layout": c.name, "tokens": c.name.split("--", 1)[1], "hardware": r["hardware"],
+                    "topology": r["topology"], **{a: c.values.get(a) for a in AXES},
+                    **{f.name: r.get(f.name) for f in RANKING if f.name in r and f.name not in ("rank", "layout")},
+                    "bubble_fraction": r.get("bubble_fraction"), "trace": "composed",
+                    "gpus": r["world_size"], "overflow": overflow(r, capacity_gib)})
+    out.sort(key=lambda r: (not r["fits"], r["step_time_s"], r["layout"], r["topology"]))
+    for i, r in enumerate(out):
+        r["rank"] = i + 1 if r["fits"] else None
+    return pa.Table.from_pylist(out, schema=SEARCH_RANKING)
+
+
+def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None = None,
+               cache_dir: Path | None = None, verify: int | None = None) -> dict:
+    """Search ``config/sweeps/{name}.yaml``; write the tables and figures into ``out_dir``."""
+    from echo.config import load_hardware, load_topology
+    from echo.io import write_parquet
+    from echo.network import run_calibrate
+
+    t0 = time.perf_counter()
+    exp = expand_search(name, root)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_parquet(layouts_table(exp), out_dir / "layouts.parquet")
+    if not exp.kept:
+        raise ConfigError(exp.path, "axes", "no layout of the search is kept (layouts.parquet says why)")
+    hardware = load_hardware(exp.sweep.hardware, root)
+    topologies = [load_topology(t, root) for t in exp.sweep.topologies]
+    cache = Path(cache_dir or out_dir / "templates")
+    work = out_dir / "work"
+    work.mkdir(exist_ok=True)
+    calib = {}
+    for topo in topologies:
+        calib[topo.name] = out_dir / "calibrate" / topo.name
+        if not (calib[topo.name] / "collectives.parquet").is_file():
+            run_calibrate(topo, calib[topo.name])
+    progress = _Progress(name, len(exp.kept))
+    _prepare(exp, cache, processes, progress)
+    t_prepared = time.perf_counter()
+    _STATE.update(kept=exp.kept, cache=cache, hardware=hardware, topologies=topologies, calib=calib, work=work)
+    rows: list[dict] = []
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(max(1, processes)) as pool:
+        for done, result in enumerate(pool.imap_unordered(_evaluate, range(len(exp.kept)), chunksize=4), 1):
+            rows += result
+            progress.show(done)
+    progress.show(len(exp.kept), force=True)
+    t_simulated = time.perf_counter()
+    checks = _verify(exp, cache, exp.sweep.verify if verify is None else verify, work)
+    shutil.rmtree(work, ignore_errors=True)
+    ranking = rank_rows(exp, rows, hardware.memory_gib)
+    write_parquet(ranking, out_dir / "ranking.parquet", SEARCH_RANKING)
+    ranked = ranking.to_pylist()
+    fronts = [{**{k: r[k] for k in ("layout", "topology", "gpus", "step_time_s", "peak_mem_gib")}, "front": front}
+              for front, x in (("memory", "peak_mem_gib"), ("gpus", "gpus")) for r in pareto(ranked, x)]
+    write_parquet(pa.Table.from_pylist(fronts, schema=PARETO), out_dir / "pareto.parquet", PARETO)
+    write_parquet(pa.Table.from_pylist(checks, schema=VERIFY), out_dir / "verify.parquet", VERIFY)
+    from echo.report.fronts import search_fronts
+
+    search_fronts(ranked, fronts, out_dir, title=f"{name}: {exp.sweep.description}")
+    return {"layouts": len(exp.candidates), "kept": len(exp.kept), "ranked": len(ranked),
+            "fit": sum(1 for r in ranked if r["fits"]), "verified": len(checks),
+            "prepare_s": t_prepared - t0, "simulate_s": t_simulated - t_prepared,
+            "verify_s": time.perf_counter() - t_simulated, "wall_s": time.perf_counter() - t0,
+            "best": [r for r in ranked if r["rank"] is not None][:3]}
