@@ -252,8 +252,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     cores = args.cores or len(os.sched_getaffinity(0))
     res = run_search(args.spec, out, processes=cores, root=args.config_dir, verify=args.verify)
     print(f"search {args.spec}: {res['layouts']} combinations, {res['kept']} layouts kept, {res['ranked']} ranked "
-          f"({res['fit']} fit in memory) in {res['wall_s']:.0f} s (templates and tails {res['prepare_s']:.0f} s, "
-          f"layouts {res['simulate_s']:.0f} s, {res['verified']} checked against full traces {res['verify_s']:.0f} s)")
+          f"({res['fit']} fit in memory) in {res['wall_s']:.0f} s (templates, tails and {res['verified']} layouts "
+          f"checked against full traces {res['prepare_s']:.0f} s, layouts {res['simulate_s']:.0f} s)")
     import pyarrow as pa
 
     if res["best"]:

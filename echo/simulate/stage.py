@@ -188,9 +188,10 @@ def full_ranks(classes: list[ClassInfo], mesh: Relabel, cols: Mapping[str, list]
 def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, kernels_path, calib_dir, out_dir,
                  *, network: CollectiveCosts | None = None, options: EngineOptions | None = None,
                  overlap: Slowdown | Path | str | None = None, mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
-                 compute_scale: Mapping[int, float] | None = None) -> pa.Table:
+                 compute_scale: Mapping[int, float] | None = None, summary_only: bool = False) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
-    timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary.
+    timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary
+    (``summary_only``: the summary alone, as a search that ranks thousands of layouts wants).
 
     ``network``: the collective costs; default: the calibrated ``echo.network.NetworkModel`` in
     ``calib_dir/network.json``. ``overlap``: the overlap slowdown (a ``Slowdown``, or the overlap
@@ -234,14 +235,15 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     for c in classes:
         for s in c.stages:
             stage_classes.setdefault(s, []).append(c.class_id)
-    write_parquet(timeline_table(result, stage_classes, rank_class), out_dir / "timeline.parquet", TIMELINE)
-    comms = read_parquet_file(trace_dir / "comms.parquet", ["rank", "op", "phase", "chunk", "peer", "bytes"])
-    write_parquet(schedule_table(workload, comms, orders), out_dir / "schedule.parquet", SCHEDULE)
-    trace = chrome_trace(result, stage_classes, rank_class,
-                         {"workload": workload.name, "hardware": hardware.name, "topology": topology.name,
-                          "mode": result.mode, "overlap_slowdown": slow.source})
-    with atomic_path(out_dir / "trace.json") as tmp:  # compact, with json's C encoder: it can be large
-        tmp.write_text(json.dumps(trace, separators=(",", ":")))
+    if not summary_only:
+        write_parquet(timeline_table(result, stage_classes, rank_class), out_dir / "timeline.parquet", TIMELINE)
+        comms = read_parquet_file(trace_dir / "comms.parquet", ["rank", "op", "phase", "chunk", "peer", "bytes"])
+        write_parquet(schedule_table(workload, comms, orders), out_dir / "schedule.parquet", SCHEDULE)
+        trace = chrome_trace(result, stage_classes, rank_class,
+                             {"workload": workload.name, "hardware": hardware.name, "topology": topology.name,
+                              "mode": result.mode, "overlap_slowdown": slow.source})
+        with atomic_path(out_dir / "trace.json") as tmp:  # compact, with json's C encoder: it can be large
+            tmp.write_text(json.dumps(trace, separators=(",", ":")))
     summary = summary_table(workload=workload, hardware=hardware, topology=topology, classes=classes,
                             orders=orders, result=result, sim_wall_s=time.perf_counter() - t0,
                             extra={"overlap_source": slow.source,

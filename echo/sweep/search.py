@@ -11,7 +11,8 @@ rank on two cores; a search answers the same question for thousands of layouts i
 3. per layout, in worker processes: compose its ranks (``compose_trace``), group them
    (``echo.dedup``), cost their kernels (``echo.profile``), simulate every topology
    (``echo.simulate``) and keep the summary rows; the layout's files are deleted after;
-4. check composition: for ``verify`` layouts spread over the search, one rank each is traced
+4. check composition (before step 3, so that a wrong graph fails in minutes): for ``verify``
+   layouts spread over the search, one rank each is traced
    in full and compared op by op with its composed graph; a difference fails the search and
    names the layout;
 5. rank: those that fit by step time, those that do not with the memory term that overflows,
@@ -114,25 +115,78 @@ def _evaluate(i: int) -> list[dict]:
         rows = []
         for topo in s["topologies"]:
             summary = run_simulate(w, s["hardware"], topo, tmp / "trace", tmp / "classes.parquet",
-                                   tmp / "kernels.parquet", s["calib"][topo.name], tmp / "sim" / topo.name)
+                                   tmp / "kernels.parquet", s["calib"][topo.name], tmp / "sim" / topo.name,
+                                   summary_only=True)
             rows.append({**summary.to_pylist()[0], "layout": c.name})
     return rows
 
 
 def _prepare(exp: Expansion, cache: Path, processes: int, progress: _Progress) -> None:
-    """Trace the templates and the distinct tails of every kept layout, here, before forking."""
+    """Trace the template jobs and the distinct tails of every kept layout, here, before forking:
+    all template jobs of the search in one pool, so that the cores stay busy."""
     from echo.trace.compose import cached_pieces, signature, tail_jobs, tails
+    from echo.trace.template import run_template_jobs, template_jobs
     from echo.training.layout import Layout
 
-    jobs, seen = [], set()
+    todo: dict[Path, tuple] = {}
+    for c in exp.kept:
+        for job in template_jobs(c.workload, Path(cache) / signature(c.workload)):
+            todo.setdefault(job[0], job)
+    progress.templates = len(todo)
+    print(f"search {progress.name}: {len(exp.kept)} layouts from {len({signature(c.workload) for c in exp.kept})} "
+          f"block signatures: tracing {len(todo)} template jobs ({sum(len(j[2]) for j in todo.values())} ranks)",
+          file=sys.stderr, flush=True)
+    run_template_jobs(list(todo.values()), processes)
+    jobs = []
     for c in exp.kept:
         w = c.workload
-        if signature(w) not in seen:
-            seen.add(signature(w))
-            progress.templates += 1
-        pieces = cached_pieces(w, cache, processes)
-        jobs += tail_jobs(w, pieces, sorted(Layout(w.parallel).representatives().values()))
+        jobs += tail_jobs(w, cached_pieces(w, cache), sorted(Layout(w.parallel).representatives().values()))
     tails(jobs, processes)
+
+
+def _source_digest() -> str:
+    """A hash of the echo package's sources: partial results of another version are not reused."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class _Partial:
+    """Finished layouts' summary rows, kept in ``{out}/partial/`` as they come, so that a search
+    killed half-way resumes where it was (for the same spec and code) instead of starting over."""
+
+    EVERY = 32
+
+    def __init__(self, out_dir: Path, exp: Expansion):
+        import json
+
+        self.folder = Path(out_dir) / "partial"
+        key = json.dumps({"spec": exp.sweep.model_dump(), "code": _source_digest()}, sort_keys=True, default=str)
+        if (self.folder / "key.json").is_file() and (self.folder / "key.json").read_text() != key:
+            shutil.rmtree(self.folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "key.json").write_text(key)
+        import pyarrow.parquet as pq
+
+        self.rows = [r for p in sorted(self.folder.glob("rows-*.parquet")) for r in pq.read_table(p).to_pylist()]
+        self.pending: list[dict] = []
+
+    @property
+    def done(self) -> set[str]:
+        return {r["layout"] for r in self.rows}
+
+    def add(self, rows: list[dict], last: bool = False) -> None:
+        from echo.io import write_parquet
+
+        self.pending += rows
+        if self.pending and (last or len(self.pending) >= self.EVERY):
+            n = len(list(self.folder.glob("rows-*.parquet")))
+            write_parquet(pa.Table.from_pylist(self.pending), self.folder / f"rows-{n:05d}.parquet")
+            self.rows += self.pending
+            self.pending = []
 
 
 def _verify(exp: Expansion, cache: Path, count: int, work: Path) -> list[dict]:
@@ -144,7 +198,7 @@ def _verify(exp: Expansion, cache: Path, count: int, work: Path) -> list[dict]:
     kept = exp.kept
     picks = [kept[round(k * (len(kept) - 1) / max(1, count - 1))] for k in range(min(count, len(kept)))]
     out = []
-    for n, c in enumerate(dict.fromkeys(picks)):
+    for n, c in enumerate({c.name: c for c in picks}.values()):
         w = c.workload
         reps = sorted(Layout(w.parallel).representatives().values())
         rank = reps[n % len(reps)]  # first, then later stages: each kind of chunk gets checked
@@ -223,17 +277,21 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
             run_calibrate(topo, calib[topo.name])
     progress = _Progress(name, len(exp.kept))
     _prepare(exp, cache, processes, progress)
+    # composition is checked before the layouts are simulated: a wrong graph fails in minutes
+    checks = _verify(exp, cache, exp.sweep.verify if verify is None else verify, work)
     t_prepared = time.perf_counter()
+    partial = _Partial(out_dir, exp)
+    todo = [i for i, c in enumerate(exp.kept) if c.name not in partial.done]
     _STATE.update(kept=exp.kept, cache=cache, hardware=hardware, topologies=topologies, calib=calib, work=work)
-    rows: list[dict] = []
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(max(1, processes)) as pool:
-        for done, result in enumerate(pool.imap_unordered(_evaluate, range(len(exp.kept)), chunksize=4), 1):
-            rows += result
+        for done, result in enumerate(pool.imap_unordered(_evaluate, todo, chunksize=4), len(exp.kept) - len(todo) + 1):
+            partial.add(result)
             progress.show(done)
+    partial.add([], last=True)
     progress.show(len(exp.kept), force=True)
     t_simulated = time.perf_counter()
-    checks = _verify(exp, cache, exp.sweep.verify if verify is None else verify, work)
+    rows = partial.rows
     shutil.rmtree(work, ignore_errors=True)
     ranking = rank_rows(exp, rows, hardware.memory_gib)
     write_parquet(ranking, out_dir / "ranking.parquet", SEARCH_RANKING)
@@ -245,8 +303,9 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     from echo.report.fronts import search_fronts
 
     search_fronts(ranked, fronts, out_dir, title=f"{name}: {exp.sweep.description}")
+    shutil.rmtree(partial.folder)  # everything is in ranking.parquet now
     return {"layouts": len(exp.candidates), "kept": len(exp.kept), "ranked": len(ranked),
             "fit": sum(1 for r in ranked if r["fits"]), "verified": len(checks),
             "prepare_s": t_prepared - t0, "simulate_s": t_simulated - t_prepared,
-            "verify_s": time.perf_counter() - t_simulated, "wall_s": time.perf_counter() - t0,
+            "wall_s": time.perf_counter() - t0,
             "best": [r for r in ranked if r["rank"] is not None][:3]}

@@ -274,6 +274,10 @@ def _candidate(sweep: Sweep, path: Path, model: dict, parallel: dict, training: 
     if values["schedule"] == "interleaved" and values["virtual_stages"] == 1 and "1f1b" in sweep.axes.get("schedule", []):
         same = f"{sweep.name}{SEP}{layout_tokens({**values, 'schedule': '1f1b'})}"
         return drop("parallel.schedule", f"interleaved with virtual_stages 1 is 1F1B: same as {same}")
+    if values["sequence_parallel"] and tp == 1 and False in sweep.axes.get("sequence_parallel", []):
+        # with one tensor-parallel rank there is nothing to shard: the same graph, traced alike
+        same = f"{sweep.name}{SEP}{layout_tokens({**values, 'sequence_parallel': False})}"
+        return drop("parallel.sequence_parallel", f"sequence parallelism with tp 1 is no parallelism: same as {same}")
     name = f"{sweep.name}{SEP}{layout_tokens(values)}"
     data = {"name": name, "description": f"sweep {sweep.name}: layout {layout_tokens(values)}",
             "model": model, "parallel": parallel, "training": training, "verify": sweep.verify}

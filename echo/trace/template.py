@@ -262,6 +262,9 @@ def _shape(o: dict) -> tuple:
     return (o["name"], o["shapes"], o["dtype"], o["kind"], o["phase"], o["op_class"], o["flops"], o["bytes"])
 
 
+_OP_NAMES = tuple(f.name for f in OPS)
+
+
 class _Builder:
     """The composed rank's tables, filled op by op."""
 
@@ -271,10 +274,17 @@ class _Builder:
         self.comms: list[dict] = []
         self.deps: list[tuple[int, int, str]] = []
         self.names = group_names(layout, rank)
+        self._groups: dict[str, list[int]] = {}
+
+    def group(self, kind: str) -> list[int]:
+        if kind not in self._groups:
+            self._groups[kind] = (self.layout.expert_group(self.rank, "ep") if kind == "ep"
+                                  else self.layout.group(self.rank, kind))
+        return self._groups[kind]
 
     def add(self, o: dict, chunk: int, comm: dict | None, peer: int | None, names: dict[str, str]) -> int:
         seq = len(self.ops)
-        row = {f.name: o[f.name] for f in OPS}
+        row = {k: o[k] for k in _OP_NAMES}
         row.update(rank=self.rank, seq=seq, chunk=chunk, comm_id=-1)
         if comm is not None:
             row["comm_id"] = len(self.comms)
@@ -284,8 +294,7 @@ class _Builder:
                 args["args"][2] = peer  # c10d send / recv_: the peer's global rank
                 group = sorted([self.rank, peer])
             else:
-                group = (self.layout.expert_group(self.rank, "ep") if comm["group_kind"] == "ep"
-                         else self.layout.group(self.rank, comm["group_kind"]))
+                group = self.group(comm["group_kind"])
                 if base in _GROUP_ARG:
                     args["args"][_GROUP_ARG[base]] = self.names[comm["group_kind"]]
             row["args"] = json.dumps(args, separators=(",", ":"))

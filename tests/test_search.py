@@ -1,0 +1,150 @@
+"""Design-space search (echo.sweep.search): every layout of a spec ranked from composed graphs,
+the same step times as the fully traced pipeline, fronts that no layout beats, refusals before
+any tracing, and a failed composition check that names the layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_sweep import write_sweep
+
+from echo.config import load_hardware, load_topology
+from echo.sweep import search as S
+
+TINY = {
+    "description": "a tiny GPT on 4 or 8 H100s",
+    "model": {"arch": "gpt", "layers": 4, "hidden": 256, "heads": 8, "vocab": 1024, "seq_len": 128},
+    "training": {"global_batch": 8, "micro_batch": 1, "dtype": "bf16", "recompute": "none"},
+    "parallel": {"zero": 1},
+    "gpus": [4, 8],
+    "hardware": "h100-sxm-80gb",
+    "topologies": ["dgx-h100-ndr"],
+    "verify": 2,
+    "axes": {"tp": [1, 2], "pp": [1, 2], "schedule": ["1f1b", "interleaved"], "virtual_stages": [1, 2],
+             "micro_batch": [1, 2], "recompute": ["none", "full"]},
+}
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    import shutil
+
+    from conftest import REPO
+
+    root = tmp_path_factory.mktemp("search")
+    shutil.copytree(REPO / "config", root / "config")
+    write_sweep(root / "config", "tiny", TINY)
+    out = root / "out"
+    result = S.run_search("tiny", out, processes=2, root=root / "config")
+    return root, out, result
+
+
+def test_every_kept_layout_is_ranked_and_the_check_ran(searched):
+    root, out, result = searched
+    layouts = pq.read_table(out / "layouts.parquet").to_pylist()
+    kept = [r for r in layouts if r["kept"]]
+    ranking = pq.read_table(out / "ranking.parquet").to_pylist()
+    assert result["kept"] == len(kept) > 20 and len(ranking) == len(kept)
+    assert {r["gpus"] for r in ranking} == {4, 8}
+    fits = [r for r in ranking if r["fits"]]
+    assert [r["rank"] for r in fits] == list(range(1, len(fits) + 1))
+    assert [r["step_time_s"] for r in fits] == sorted(r["step_time_s"] for r in fits)
+    assert all(r["overflow"] is None for r in fits)
+    dropped = [r for r in layouts if not r["kept"]]
+    assert dropped and all(r["key"] and r["reason"] for r in dropped)
+    verify = pq.read_table(out / "verify.parquet").to_pylist()
+    assert len(verify) == 2 and all(v["equal"] and v["ops"] > 0 for v in verify)
+    assert (out / "front_memory.svg").stat().st_size > 1000 and (out / "front_gpus.svg").is_file()
+    assert not (out / "work").exists()  # the layouts' own files are gone
+
+
+def test_the_fronts_hold_the_layouts_no_other_beats(searched):
+    _, out, _ = searched
+    ranking = [r for r in pq.read_table(out / "ranking.parquet").to_pylist() if r["fits"]]
+    fronts = pq.read_table(out / "pareto.parquet").to_pylist()
+    for front, x in (("memory", "peak_mem_gib"), ("gpus", "gpus")):
+        on = [f for f in fronts if f["front"] == front]
+        assert on
+        for f in on:  # nothing is at least as good in both and better in one
+            assert not any(r[x] <= f[x] and r["step_time_s"] < f["step_time_s"] for r in ranking)
+        names = {f["layout"] for f in on}
+        for r in ranking:  # and every layout off the front is beaten by one on it
+            if r["layout"] not in names:
+                assert any(f[x] <= r[x] and f["step_time_s"] <= r["step_time_s"] for f in on)
+
+
+def test_search_step_times_are_the_fully_traced_pipelines(searched, tmp_path):
+    """Two layouts through the ordinary stages (full traces): the same step time to the digit."""
+    import pyarrow.parquet as pq
+
+    from echo.artifacts import RANK_CLASSES
+    from echo.dedup import rank_classes
+    from echo.io import write_parquet
+    from echo.network import run_calibrate
+    from echo.profile import run_profile
+    from echo.simulate import run_simulate
+    from echo.trace import run_trace
+
+    root, out, _ = searched
+    ranking = pq.read_table(out / "ranking.parquet").to_pylist()
+    exp = S.expand_search("tiny", root / "config")
+    hw, topo = load_hardware("h100-sxm-80gb", root / "config"), load_topology("dgx-h100-ndr", root / "config")
+    calib = tmp_path / "calib"
+    run_calibrate(topo, calib)
+    for row in (ranking[0], ranking[-1]):
+        w = next(c for c in exp.kept if c.name == row["layout"]).workload
+        d = tmp_path / row["tokens"]
+        run_trace(w, d / "trace")
+        write_parquet(rank_classes(w, pq.read_table(d / "trace" / "ranks.parquet")), d / "c.parquet", RANK_CLASSES)
+        run_profile(hw, d / "trace", d / "k.parquet")
+        s = run_simulate(w, hw, topo, d / "trace", d / "c.parquet", d / "k.parquet", calib, d / "sim").to_pylist()[0]
+        assert s["step_time_s"] == row["step_time_s"], row["layout"]
+        assert s["peak_mem_gib"] == row["peak_mem_gib"], row["layout"]
+
+
+def test_what_templates_cannot_compose_is_dropped_before_tracing(config_root: Path):
+    write_sweep(config_root, "z3", {**TINY, "gpus": 4, "axes": {"tp": [1], "pp": [1], "zero": [1, 3]}})
+    exp = S.expand_search("z3", config_root)
+    (bad,) = exp.dropped
+    assert bad.key == "parallel.zero" and "FSDP" in bad.reason
+    assert len(exp.kept) == 1
+
+
+def test_overflow_names_the_memory_term_that_passes_the_capacity():
+    row = {"fits": False, "mem_state_gib": 50.0, "mem_activations_gib": 40.0, "mem_working_gib": 1.0}
+    assert S.overflow(row, 80.0).startswith("activations (90.0 GiB")
+    assert S.overflow({**row, "mem_state_gib": 90.0}, 80.0).startswith("state")
+    assert S.overflow({**row, "fits": True}, 80.0) is None
+
+
+def test_pareto_keeps_the_rows_nothing_beats():
+    rows = [{"fits": True, "x": x, "step_time_s": t, "layout": n} for n, x, t in
+            (("a", 1, 9.0), ("b", 2, 5.0), ("c", 3, 6.0), ("d", 4, 1.0), ("e", 2, 5.5))]
+    rows.append({"fits": False, "x": 0, "step_time_s": 0.1, "layout": "f"})
+    assert [r["layout"] for r in S.pareto(rows, "x")] == ["a", "b", "d"]
+
+
+def test_a_composed_graph_that_differs_from_its_full_trace_fails_the_search_naming_the_layout(searched, tmp_path):
+    """A template whose block was recorded wrong (one kernel's FLOPs doubled in the cache): the
+    check traces the sampled rank in full and refuses the search."""
+    import shutil
+
+    import pyarrow as pa
+
+    from echo.io import write_parquet
+
+    root, out, _ = searched
+    cache = tmp_path / "templates"
+    shutil.copytree(out / "templates", cache)
+    for ops_file in cache.glob("*/*/ops.parquet"):
+        ops = pq.read_table(ops_file).to_pylist()
+        for o in ops:  # every block's first GEMM: whichever block a layout's chunk takes
+            if o["layer"] >= 0 and o["flops"] > 0 and o["name"] == next(x["name"] for x in ops if x["flops"] > 0):
+                o["flops"] *= 2
+        write_parquet(pa.Table.from_pylist(ops, schema=pq.read_schema(ops_file)), ops_file)
+    exp = S.expand_search("tiny", root / "config")
+    with pytest.raises(S.SearchError, match=r"tiny--\S+: rank \d+ composed from templates differs") as err:
+        S._verify(exp, cache, 2, tmp_path / "work")
+    assert "flops" in str(err.value)
