@@ -11,6 +11,9 @@
 #             `snakemake --report report.html` under results/report/
 #   sweep     results/sweep/{sweep}/{layouts,ranking}.parquet: config/sweeps/{sweep}.yaml's layouts,
 #             workloads named {sweep}--{tokens} that run through the stages above
+#   search    results/search/{search}/{layouts,ranking,pareto,verify}.parquet, front_*.svg: the same
+#             kind of file's layouts by the thousand, each rank composed from layer templates
+#             (results/templates/), in one job over the job's cores
 #
 # `rule all` runs the default experiments of config/config.yaml; any other combination of
 # existing config files is run by asking for its path, e.g.
@@ -34,6 +37,7 @@ include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/overlap.smk"
 include: "workflow/rules/simulate.smk"
 include: "workflow/rules/sweep.smk"
+include: "workflow/rules/search.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/measure.smk"
 include: "workflow/rules/validate.smk"

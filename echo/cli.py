@@ -246,11 +246,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     from echo.report.audit import render_table
     from echo.sweep.search import run_search
-    from echo.workflow.paths import SEARCH
+    from echo.workflow.paths import SEARCH, TEMPLATES
 
     out = Path(args.out or SEARCH("", search=args.spec, results=args.results))
     cores = args.cores or len(os.sched_getaffinity(0))
-    res = run_search(args.spec, out, processes=cores, root=args.config_dir, verify=args.verify)
+    res = run_search(args.spec, out, processes=cores, root=args.config_dir, verify=args.verify,
+                     cache_dir=Path(args.templates or TEMPLATES("", results=args.results)))
     print(f"search {args.spec}: {res['layouts']} combinations, {res['kept']} layouts kept, {res['ranked']} ranked "
           f"({res['fit']} fit in memory) in {res['wall_s']:.0f} s (templates, tails and {res['verified']} layouts "
           f"checked against full traces {res['prepare_s']:.0f} s, layouts {res['simulate_s']:.0f} s)")
@@ -354,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="a config/sweeps/ file's name")
     p.add_argument("--cores", type=int, default=None, help="worker processes (default: the CPUs this may use)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default results/search/SPEC)")
+    p.add_argument("--templates", type=Path, default=None,
+                   help="the layer templates' cache (default results/templates, shared by every search)")
     p.add_argument("--verify", type=int, default=None,
                    help="layouts whose composed rank is compared with a full trace (default: the spec's verify)")
 

@@ -34,6 +34,11 @@ CASES = {
                                         zero=0),
     # stage_layers with a chunk of one block: that chunk comes from the one-block template
     "gpt-uneven-stages": workload("e", training={"recompute": "none"}, pp=3, stage_layers=[1, 6, 5]),
+    # one block per chunk, three chunks a rank, full recompute: the case a GPT-3 search's check
+    # caught (the next chunk's receive used to free the previous chunk's gradient buffer)
+    "gpt-one-block-chunks-full": workload("f", {**GPT, "layers": 6}, {"recompute": "full", "micro_batch": 2,
+                                                                       "global_batch": 16},
+                                          schedule="interleaved", virtual_stages=3),
 }
 FAST = ("gpt-tp2-pp2-v2-selective",)
 

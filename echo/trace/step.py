@@ -198,6 +198,9 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
                     grad = torch.empty_like(y)
                 dist.recv(grad, src=nxt)
                 y.backward(grad)
+                # the received gradient is done with (Megatron's backward_step drops it): freed
+                # here, not when the next chunk's receive rebinds the name
+                del grad
             fp8.reduce_amaxes(fp8.active())
             prev = _peer(layout, rank, i, -1, v)
             if prev is not None:

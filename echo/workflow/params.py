@@ -178,3 +178,15 @@ def sweep_summaries(wildcards, root: Path = CONFIG_DIR) -> list[str]:
 def shared_trace_files(wildcards, root: Path = CONFIG_DIR) -> dict[str, str]:
     """The tables of the trace a sweep layout shares with layouts that trace alike."""
     return paths.trace_tables(shared_trace(wildcards.workload, root=root))
+
+
+def search_params(wildcards, root: Path = CONFIG_DIR) -> dict:
+    """Everything a search decides (its file, its hardware and topologies), checked while the DAG
+    is built: a bad search file is refused (file, key, reason) before any job runs. A change to
+    any of them re-runs the search."""
+    from echo.sweep.search import expand_search
+
+    exp = expand_search(wildcards.search, root=root)
+    s = exp.sweep
+    return {"spec": s.model_dump(), "hardware": load_hardware(s.hardware, root).model_dump(),
+            "topologies": [load_topology(t, root).model_dump() for t in s.topologies]}

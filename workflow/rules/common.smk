@@ -18,6 +18,7 @@ from echo.workflow.params import (
     placed_topology_params,
     profile_threads,
     ranks_on_host,
+    search_params,
     shared_trace_files,
     sweep_checked,
     sweep_params,
@@ -45,6 +46,7 @@ wildcard_constraints:
     hardware=NAME,
     topology=NAME,
     sweep=SWEEP_NAME,
+    search=SWEEP_NAME,
 
 
 SETTINGS = Settings.from_config(config)
