@@ -76,12 +76,17 @@ class _Progress:
     def __init__(self, name: str, total: int):
         self.name, self.total, self.t0, self.last, self.templates = name, total, time.perf_counter(), 0.0, 0
 
+    def start(self, done: int) -> None:
+        """The layouts begin (``done`` of them finished in an earlier, killed run)."""
+        self.t_layouts, self.done_before = time.perf_counter(), done
+
     def show(self, done: int, force: bool = False) -> None:
         now = time.perf_counter()
         if not force and now - self.last < 5.0:
             return
         self.last, spent = now, now - self.t0
-        left = spent / done * (self.total - done) if done else float("nan")
+        rate = (done - self.done_before) / max(now - self.t_layouts, 1e-9)  # layouts a second, this run
+        left = (self.total - done) / rate if rate > 0 else float("nan")
         print(f"search {self.name}: {done}/{self.total} layouts, {self.templates} template jobs traced, "
               f"{spent:.0f} s so far, ~{left:.0f} s left", file=sys.stderr, flush=True)
 
@@ -282,6 +287,7 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     t_prepared = time.perf_counter()
     partial = _Partial(out_dir, exp)
     todo = [i for i, c in enumerate(exp.kept) if c.name not in partial.done]
+    progress.start(len(exp.kept) - len(todo))
     _STATE.update(kept=exp.kept, cache=cache, hardware=hardware, topologies=topologies, calib=calib, work=work)
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(max(1, processes)) as pool:

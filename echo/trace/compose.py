@@ -29,6 +29,7 @@ from echo.trace.template import (
     Piece,
     chunk_kind,
     compose,
+    needed,
     template_workload,
     trace_pieces,
 )
@@ -130,11 +131,12 @@ def tail_key(job: tuple) -> str:
 def relabel_tail(tail: dict, layout: Layout, rank: int) -> dict:
     """A tail traced on another rank of the same layout, over ``rank``'s groups (the c10d calls
     of the reduction and the step carry no rank in their arguments; their comms rows do)."""
-    comms = []
+    comms, groups = [], {}
     for c in tail["comms"].to_pylist():
         kind = c["group_kind"]
-        group = layout.expert_group(rank, kind) if kind in ("ep", "edp") else layout.group(rank, kind)
-        comms.append({**c, "rank": rank, "group": group, "group_size": len(group)})
+        if kind not in groups:
+            groups[kind] = layout.expert_group(rank, kind) if kind in ("ep", "edp") else layout.group(rank, kind)
+        comms.append({**c, "rank": rank, "group": groups[kind], "group_size": len(groups[kind])})
     return {**tail, "ops": tail["ops"].set_column(0, "rank", pa.array([rank] * tail["ops"].num_rows, pa.int32())),
             "comms": pa.Table.from_pylist(comms, schema=COMMS),
             "deps": tail["deps"].set_column(0, "rank", pa.array([rank] * tail["deps"].num_rows, pa.int32()))}
@@ -157,7 +159,9 @@ def tails(jobs: list[tuple], processes: int) -> list[dict]:
     todo = {k: j for k, j in zip(keys, jobs, strict=True) if k not in _TAILS}
     from echo.trace.runner import forked_map
 
-    for k, tail in zip(todo, forked_map(_tail_job, list(todo.values()), processes), strict=True):
+    # the reduction and the step make c10d calls without group names in their arguments, so one
+    # process may trace many tails in turn, each under its own fake process group
+    for k, tail in zip(todo, forked_map(_tail_job, list(todo.values()), processes, fresh=False), strict=True):
         _TAILS[k] = {**tail, "layout": Layout(todo[k][0].parallel), "rank": todo[k][1]}
     out = []
     for k, (w, rank, _) in zip(keys, jobs, strict=True):
@@ -207,9 +211,17 @@ def signature(w: Workload) -> str:
     return hashlib.sha256(json.dumps(dump, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+_PIECES: dict[tuple[str, str], dict] = {}  # (cache folder, signature) -> pieces read so far
+
+
 def cached_pieces(w: Workload, cache_dir: Path, jobs: int | None = None) -> dict:
-    """``w``'s pieces, from ``{cache_dir}/{signature}/`` (traced there first if need be)."""
-    return trace_pieces(w, Path(cache_dir) / signature(w), jobs=jobs)
+    """``w``'s pieces, from ``{cache_dir}/{signature}/`` (traced there first if need be), kept
+    in this process for the next layout with the same blocks."""
+    key = (str(cache_dir), signature(w))
+    have = _PIECES.setdefault(key, {})
+    if not needed(w) <= set(have):
+        have.update(trace_pieces(w, Path(cache_dir) / key[1], jobs=jobs))
+    return {k: have[k] for k in needed(w)}
 
 
 def compose_trace(w: Workload, out_dir: Path, cache_dir: Path, processes: int = 1) -> dict[str, pa.Table]:
@@ -232,11 +244,17 @@ def compose_ranks(w: Workload, pieces: dict, ranks: list[int], processes: int = 
 
     t0 = time.perf_counter()
     done = tails(tail_jobs(w, pieces, ranks), processes)
-    out = {}
+    out, memories = {}, {}
+    layout = Layout(w.parallel)
     for rank, tail in zip(ranks, done, strict=True):
         t = time.perf_counter()
         micro = compose(pieces, w, rank)
-        memory = compose_memory(pieces, w, rank)
+        # a rank's memory follows its chunks' kinds and depths alone (the middle stages share it)
+        slots = chunk_slots(w.parallel, w.model.layers, layout.coords(rank).pp)
+        shape = tuple((chunk_kind(s.first, s.last), len(s.layers)) for s in slots)
+        if shape not in memories:
+            memories[shape] = compose_memory(pieces, w, rank)
+        memory = memories[shape]
         out[rank] = assemble(w, rank, micro, tail, memory, time.perf_counter() - t + (t - t0) / len(ranks))
     return out
 

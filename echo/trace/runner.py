@@ -95,14 +95,17 @@ def warm() -> None:
         torch.empty(1)
 
 
-def forked_map(fn, jobs: list, processes: int) -> list:
-    """``fn(job)`` for each job, each in a process forked from this one (after ``warm``): a traced
-    rank needs a process of its own (its fake process group), not a fresh interpreter."""
+def forked_map(fn, jobs: list, processes: int, fresh: bool = True) -> list:
+    """``fn(job)`` for each job in processes forked from this one (after ``warm``). ``fresh``:
+    each job in a process of its own, as a traced rank needs (torch numbers process groups per
+    process, and the names are in the trace); else each process runs many jobs in turn (for
+    ``fn`` that creates and destroys its own fake process group and records no group names)."""
     import multiprocessing
 
     if not jobs:
         return []
     warm()
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(max(1, min(processes, len(jobs))), maxtasksperchild=1) as pool:
-        return pool.map(fn, jobs, chunksize=1)
+    n = max(1, min(processes, len(jobs)))
+    with ctx.Pool(n, maxtasksperchild=1 if fresh else None) as pool:
+        return pool.map(fn, jobs, chunksize=1 if fresh else max(1, len(jobs) // (4 * n)))
