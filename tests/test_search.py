@@ -41,6 +41,7 @@ def searched(tmp_path_factory):
     return root, out, result
 
 
+@pytest.mark.slow  # a whole search (about a minute)
 def test_every_kept_layout_is_ranked_and_the_check_ran(searched):
     root, out, result = searched
     layouts = pq.read_table(out / "layouts.parquet").to_pylist()
@@ -60,6 +61,7 @@ def test_every_kept_layout_is_ranked_and_the_check_ran(searched):
     assert not (out / "work").exists()  # the layouts' own files are gone
 
 
+@pytest.mark.slow  # a whole search (about a minute)
 def test_the_fronts_hold_the_layouts_no_other_beats(searched):
     _, out, _ = searched
     ranking = [r for r in pq.read_table(out / "ranking.parquet").to_pylist() if r["fits"]]
@@ -75,6 +77,7 @@ def test_the_fronts_hold_the_layouts_no_other_beats(searched):
                 assert any(f[x] <= r[x] and f["step_time_s"] <= r["step_time_s"] for f in on)
 
 
+@pytest.mark.slow  # a whole search (about a minute)
 def test_search_step_times_are_the_fully_traced_pipelines(searched, tmp_path):
     """Two layouts through the ordinary stages (full traces): the same step time to the digit."""
     import pyarrow.parquet as pq
@@ -126,6 +129,7 @@ def test_pareto_keeps_the_rows_nothing_beats():
     assert [r["layout"] for r in S.pareto(rows, "x")] == ["a", "b", "d"]
 
 
+@pytest.mark.slow  # a whole search (about a minute)
 def test_a_composed_graph_that_differs_from_its_full_trace_fails_the_search_naming_the_layout(searched, tmp_path):
     """A template whose block was recorded wrong (one kernel's FLOPs doubled in the cache): the
     check traces the sampled rank in full and refuses the search."""
