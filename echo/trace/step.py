@@ -46,15 +46,6 @@ def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
     return groups
 
 
-def _peer(layout: Layout, rank: int, chunk: int, step: int, v: int) -> int | None:
-    """The rank holding the neighbouring virtual stage (interleaving wraps around the pipeline)."""
-    pp = layout.sizes["pp"]
-    stage = layout.coords(rank).pp + chunk * pp + step
-    if not 0 <= stage < pp * v:
-        return None
-    return layout.stage_peer(rank, stage % pp - layout.coords(rank).pp)
-
-
 def _loss(logits: torch.Tensor, fused: bool = False) -> torch.Tensor:
     labels = torch.empty(logits.shape[:2], dtype=torch.long)
     if fused:  # training.cross_entropy_fusion: one kernel over the bf16 logits
@@ -165,7 +156,7 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
     outputs, inputs = [], []
     for i, chunk in enumerate(chunks):
         with rec.phase("forward", i):
-            prev = _peer(layout, rank, i, -1, v)
+            prev = layout.chunk_peer(rank, i, -1, v)
             if prev is None:
                 with rec.muted():  # token ids come from the data loader, not a kernel
                     x = torch.zeros(b, seq, dtype=torch.long)
@@ -179,7 +170,7 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
                 y = _loss(y, w.training.cross_entropy_fusion) if chunk.last else y
             fp8.reduce_amaxes(fp8.active())
             meter.end_chunk()
-            nxt = _peer(layout, rank, i, 1, v)
+            nxt = layout.chunk_peer(rank, i, 1, v)
             if nxt is not None:
                 dist.send(y.detach(), dst=nxt)
         inputs.append(x)
@@ -188,7 +179,7 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
     for i in reversed(range(len(chunks))):
         with rec.phase("backward", i):
             y, x = outputs[i], inputs[i]
-            nxt = _peer(layout, rank, i, 1, v)
+            nxt = layout.chunk_peer(rank, i, 1, v)
             ctx = loss_parallel() if chunks[i].last and w.parallel.tp > 1 else nullcontext()
             if nxt is None:
                 with ctx:
@@ -202,6 +193,6 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
                 # here, not when the next chunk's receive rebinds the name
                 del grad
             fp8.reduce_amaxes(fp8.active())
-            prev = _peer(layout, rank, i, -1, v)
+            prev = layout.chunk_peer(rank, i, -1, v)
             if prev is not None:
                 dist.send(x.grad, dst=prev)

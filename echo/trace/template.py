@@ -340,7 +340,7 @@ def compose(pieces: dict[tuple[str, int], Piece], w: Workload, rank: int) -> dic
                     peer = None
                     if comm is not None and comm["group_kind"] == "pp":
                         ahead = (comm["op"] == "send") == (block == "forward")
-                        peer = _peer(layout, rank, c, 1 if ahead else -1, v)
+                        peer = layout.chunk_peer(rank, c, 1 if ahead else -1, v)
                     seq = b.add(o, c, comm, peer, b.names)
                     where[(block, c, o["seq"], layer)] = seq
         _link(b, pc, block, c, n, runs, sources, where)
@@ -409,14 +409,6 @@ def _same_place(pc: Piece, block: str, seq: int, lab: int, other: int) -> int:
     mine = [o["seq"] for o in rows if o["layer"] == lab]
     theirs = [o["seq"] for o in rows if o["layer"] == other]
     return theirs[mine.index(seq)]
-
-
-def _peer(layout: Layout, rank: int, chunk: int, step: int, v: int) -> int | None:
-    pp = layout.sizes["pp"]
-    stage = layout.coords(rank).pp + chunk * pp + step
-    if not 0 <= stage < pp * v:
-        return None
-    return layout.stage_peer(rank, stage % pp - layout.coords(rank).pp)
 
 
 def _tables(b: _Builder) -> dict[str, pa.Table]:

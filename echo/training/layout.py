@@ -112,6 +112,15 @@ class Layout:
             return None
         return self.rank(Coords(pp=pp, dp=c.dp, cp=c.cp, tp=c.tp))
 
+    def chunk_peer(self, rank: int, chunk: int, step: int, virtual_stages: int) -> int | None:
+        """The rank holding the virtual stage ``step`` away from ``rank``'s chunk ``chunk``
+        (interleaving wraps around the pipeline), or None past either end."""
+        pp = self.sizes["pp"]
+        stage = self.coords(rank).pp + chunk * pp + step
+        if not 0 <= stage < pp * virtual_stages:
+            return None
+        return self.stage_peer(rank, stage % pp - self.coords(rank).pp)
+
     def representatives(self) -> dict[str, int]:
         """One traced rank per role: ranks of a role differ only in which group peers they have.
 
