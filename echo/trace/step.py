@@ -24,7 +24,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from echo.artifacts import TRACED_RANKS
 from echo.config.workload import Workload
-from echo.trace import template
+from echo.trace import manifest
 from echo.trace.meter import EXPANDABLE_SEGMENTS, MemoryMeter
 from echo.trace.recorder import Recorder
 from echo.training import data_parallel, fp8, fsdp
@@ -97,7 +97,7 @@ def trace_rank(w: Workload, rank: int, label_layers: bool = False) -> dict[str, 
             used = meter.finish(exclude=_state_tensors(chunks, fp8_state))
             labelled = {}
             if label_layers:
-                labelled = {"params": template.param_manifest(chunks, rank),
+                labelled = {"params": manifest.param_manifest(chunks, rank),
                             **{n: pa.Table.from_pylist([{"rank": rank, **r} for r in rows])
                                for n, rows in meter.labelled(_state_tensors(chunks, fp8_state)).items()}}
             dp = data_parallel.DataParallel(chunks, groups, p, dtype, rec=rec, grad_dtype=grad_dtype)

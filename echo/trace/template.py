@@ -55,41 +55,12 @@ _GROUP_ARG = {"all_reduce": 2, "all_reduce_": 2, "all_gather_into_tensor": 2, "r
               "all_to_all_single": 3, "broadcast": 2}
 
 
-# A template rank's parameters in order, as the gradient reduction sees them (``param_manifest``).
-PARAMS = pa.schema([
-    ("rank", pa.int32()),
-    ("chunk", pa.int32()),
-    ("name", pa.string()),
-    ("layer", pa.int32()),        # the block that holds it (blocks.{i}.), -1 outside the blocks
-    ("numel", pa.int64()),        # elements of the local shard
-    ("dtype", pa.string()),
-    ("expert", pa.bool_()),       # reduced over edp, not dp (data_parallel.reduction_sets)
-    ("tp_partial", pa.bool_()),   # reduced over tp first (data_parallel.tp_partial)
-])
-
-
 class NotComposable(ValueError):
     """A rank this template cannot stand for; the message says why, ``key`` the setting behind it."""
 
     def __init__(self, reason: str, key: str = "model.layers"):
         super().__init__(reason)
         self.key = key
-
-
-def param_manifest(chunks: list, rank: int) -> pa.Table:
-    """The chunks' parameters after a micro-batch's backward (their gradients exist)."""
-    from echo.training.data_parallel import expert_ids, local_tensor, tp_partial
-
-    experts = expert_ids(chunks)
-    rows = []
-    for c, chunk in enumerate(chunks):
-        for name, p in chunk.named_parameters():
-            parts = name.split(".")
-            layer = int(parts[1]) if parts[0] == "blocks" and len(parts) > 2 else -1
-            rows.append({"rank": rank, "chunk": c, "name": name, "layer": layer, "numel": local_tensor(p).numel(),
-                         "dtype": str(p.dtype).removeprefix("torch."), "expert": id(p) in experts,
-                         "tp_partial": tp_partial(p, experts)})
-    return pa.Table.from_pylist(rows, schema=PARAMS)
 
 
 def chunk_kind(first: bool, last: bool) -> str:
@@ -210,7 +181,7 @@ class Piece:
     blocks: dict[str, list[dict]]       # "forward" | "backward" (recompute inside) -> op rows
     comms: dict[int, dict]              # comm_id -> comms row
     deps: list[tuple[int, int, str]]    # (src seq, dst seq, kind) within the micro-batch's phases
-    params: list[dict]                  # the rank's parameters in order (PARAMS rows)
+    params: list[dict]                  # the rank's parameters in order (echo.trace.manifest.PARAMS rows)
     memory: dict[str, list[dict]]       # the micro-batch's memory events and entries (echo.trace.memory_template)
 
 
