@@ -36,6 +36,7 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "measure": ("echo.validate.measure", "echo.training", "echo.config"),
     "validate": ("echo.validate", "echo.config"),
     "sweep": ("echo.sweep", "echo.config"),
+    "search": ("echo.sweep", "echo.trace", "echo.config"),  # composes, costs and simulates: imports follow
     "fit": ("echo.fit", "echo.config"),
 }
 # The stage whose code version a rule carries (params: code=code_version(...)), where it is not

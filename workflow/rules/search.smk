@@ -18,7 +18,7 @@ rule search:
     params:
         search=search_params,
         templates=paths.TEMPLATES(""),
-        code=code_version("sweep"),
+        code=code_version("search"),
     threads: workflow.cores
     log:
         "logs/search/{search}.log",
