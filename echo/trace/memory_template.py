@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from echo.config.workload import Workload
 from echo.trace.meter import EXPANDABLE_SEGMENTS, replay
-from echo.trace.template import DEPTH, NotComposable, Piece, _target_layers, _template_layer, chunk_kind
+from echo.trace.template import (
+    DEPTH,
+    NotComposable,
+    Piece,
+    _target_layers,
+    _template_layer,
+    block_order,
+    chunk_kind,
+    label_runs,
+)
 from echo.training.layout import Layout, chunk_slots
 
 
@@ -35,17 +44,8 @@ def _places(piece: Piece) -> dict[int, tuple]:
 
 
 def _runs(events: list[dict], block: str, depth: int) -> list[tuple[int, list[dict]]]:
-    runs: list[tuple[int, list[dict]]] = []
-    for e in events:
-        if e["block"] != block:
-            continue
-        if runs and runs[-1][0] == e["layer"]:
-            runs[-1][1].append(e)
-        else:
-            runs.append((e["layer"], [e]))
-    inner = [lab for lab, _ in runs if lab >= 0]
-    want = {"forward": list(range(depth)), "backward": list(reversed(range(depth))), "end": []}[block]
-    if inner != want:
+    runs = label_runs([e for e in events if e["block"] == block])
+    if [lab for lab, _ in runs if lab >= 0] != block_order(block, depth):
         raise NotComposable(f"{block}: memory events are not runs of one block each ({[lab for lab, _ in runs]})")
     return runs
 

@@ -183,6 +183,7 @@ class Piece:
     deps: list[tuple[int, int, str]]    # (src seq, dst seq, kind) within the micro-batch's phases
     params: list[dict]                  # the rank's parameters in order (echo.trace.manifest.PARAMS rows)
     memory: dict[str, list[dict]]       # the micro-batch's memory events and entries (echo.trace.memory_template)
+    runs: dict[str, list[tuple[int, list[dict]]]]  # each block's ops as runs of one layer label (_runs)
 
 
 def piece(kind: str, depth: int, workload: Workload, tables: dict[str, pa.Table]) -> Piece:
@@ -199,28 +200,38 @@ def piece(kind: str, depth: int, workload: Workload, tables: dict[str, pa.Table]
             raise NotComposable(f"a {c['op']} over the {c['group_kind']} group in {c['phase']}: its group follows "
                                 "the data-parallel or pipeline size, which the template shrinks")
     deps = [(d["src"], d["dst"], d["kind"]) for d in tables["deps"].to_pylist() if d["dst"] in seqs]
-    out = Piece(kind, depth, ops[0]["rank"], Layout(workload.parallel), blocks, comms, deps,
-                tables["params"].to_pylist() if "params" in tables else [],
-                {n: tables[n].to_pylist() for n in ("mem_events", "mem_entries") if n in tables})
-    for name, rows in blocks.items():
-        _runs(rows, depth, name)  # refuses a block layout it cannot compose
-    return out
+    # checked once here (a block layout it cannot compose is refused), reused by every compose
+    runs = {name: _runs(rows, depth, name) for name, rows in blocks.items()}
+    return Piece(kind, depth, ops[0]["rank"], Layout(workload.parallel), blocks, comms, deps,
+                 tables["params"].to_pylist() if "params" in tables else [],
+                 {n: tables[n].to_pylist() for n in ("mem_events", "mem_entries") if n in tables}, runs)
 
 
-def _runs(rows: list[dict], depth: int, block: str) -> list[tuple[int, list[dict]]]:
-    """The block's ops as runs of one layer label: outer ops (-1) only before and after the
-    blocks, blocks in order (forward) or reversed (backward), each one contiguous run with the
-    same kernels as every other."""
+def label_runs(rows: list[dict]) -> list[tuple[int, list[dict]]]:
+    """``rows`` (ops or memory events, in order) as runs of one ``layer`` label."""
     runs: list[tuple[int, list[dict]]] = []
     for o in rows:
         if runs and runs[-1][0] == o["layer"]:
             runs[-1][1].append(o)
         else:
             runs.append((o["layer"], [o]))
+    return runs
+
+
+def block_order(block: str, depth: int) -> list[int]:
+    """The template blocks in the order a block of the step runs them ("end": after the backwards)."""
+    return {"forward": list(range(depth)), "backward": list(reversed(range(depth))), "end": []}[block]
+
+
+def _runs(rows: list[dict], depth: int, block: str) -> list[tuple[int, list[dict]]]:
+    """The block's ops as runs of one layer label: outer ops (-1) only before and after the
+    blocks, blocks in order (forward) or reversed (backward), each one contiguous run with the
+    same kernels as every other."""
+    runs = label_runs(rows)
     labels = [lab for lab, _ in runs]
     inner = [lab for lab in labels if lab >= 0]
-    want = list(range(depth)) if block == "forward" else list(reversed(range(depth)))
-    if inner != want or any(lab < 0 for lab in labels[labels.index(inner[0]):len(labels) - labels[::-1].index(inner[-1])]):
+    if inner != block_order(block, depth) or any(
+            lab < 0 for lab in labels[labels.index(inner[0]):len(labels) - labels[::-1].index(inner[-1])]):
         raise NotComposable(f"{block}: the blocks' ops are not contiguous runs between outer ops ({labels})")
     shape = [_shape(o) for o in next(r for lab, r in runs if lab == 0)]
     for lab, r in runs:
@@ -302,7 +313,7 @@ def compose(pieces: dict[tuple[str, int], Piece], w: Workload, rank: int) -> dic
         pc = pieces.get((chunk_kind(slots[c].first, slots[c].last), DEPTH if n > 1 else 1))
         if pc is None:
             raise NotComposable(f"no {chunk_kind(slots[c].first, slots[c].last)} piece of depth {DEPTH if n > 1 else 1}")
-        runs = _runs(pc.blocks[block], pc.depth, block)
+        runs = pc.runs[block]
         sources = {o["seq"]: (lab, o) for lab, r in runs for o in r}
         for lab, r in runs:
             for layer in _target_layers(lab, n, pc.depth, block):
