@@ -88,3 +88,22 @@ def test_hugging_face_models_are_refused_before_tracing():
                          "training": TRAINING}, __import__("pathlib").Path("hf.yaml"))
     with pytest.raises(NotComposable, match="blocks may differ by index"):
         template_workload(hf, 3)
+
+
+def test_a_rank_traced_after_another_in_one_process_is_traced_as_in_a_fresh_one(tmp_path):
+    """echo.trace.runner.forked_map traces its first job in the calling process, warm from
+    whatever it traced before, and forks the rest from it: the tables must not depend on that."""
+    import torch
+
+    from echo.trace.step import trace_rank
+
+    w, other = CASES["gpt-tp2-pp2-v2-selective"], CASES["moe-ep4"]
+    fresh = trace_ranks(w, [1], tmp_path / "fresh")  # a worker process of its own
+    before = torch.get_default_dtype(), torch.get_num_threads()
+    trace_rank(other, 0)
+    warm = trace_rank(w, 1)
+    assert (torch.get_default_dtype(), torch.get_num_threads()) == before  # the process's settings put back
+    # trace_rank leaves the graph hash to its caller (echo.trace.runner hashes the ops compared here)
+    no_hash = {n: t.drop_columns(["graph_hash"]) if n == "ranks" else t for n, t in fresh.items()}
+    assert differences({n: warm[n].drop_columns(["graph_hash"]) if n == "ranks" else warm[n] for n in fresh},
+                       no_hash) == []

@@ -32,14 +32,14 @@ class CommTimer:
     def __init__(self, network: CollectiveCosts):
         if not isinstance(network, CollectiveCosts):
             raise TypeError(f"simulate: the network must be an echo.network.CollectiveCosts, got {type(network).__name__}")
-        self._network = network
+        self.network = network
         self._cache: dict[tuple[str, tuple[int, ...], int, str], tuple[float, float, tuple]] = {}
 
     def transfer(self, op: str, group: Sequence[int], nbytes: int, api: str = "c10d") -> tuple[float, float, tuple]:
         """(time, latency, link loads) of one transfer called through ``api``."""
         key = (op, tuple(group), int(nbytes), api)
         if key not in self._cache:
-            net = self._network
+            net = self.network
             us = float(net.estimate(op, group=list(group), nbytes=int(nbytes)).time_us)
             latency, loads, extra = 0.0, (), 0.0
             if len(set(group)) > 1:

@@ -77,6 +77,12 @@ def relabel_costs(costs: RankCosts, move, link_of, compute_scale: float = 1.0, t
     classes by ``link_of``, network times re-estimated by ``timer`` (a ``costing.CommTimer``; the
     rank's groups may sit differently on the nodes than its representative's)."""
     cache: dict[int, Op] = {}
+    moved: dict[tuple[int, ...], tuple[int, ...]] = {}  # a rank's few groups, each moved once
+
+    def move_group(group: tuple[int, ...]) -> tuple[int, ...]:
+        if group not in moved:
+            moved[group] = tuple(move(g) for g in group)
+        return moved[group]
 
     def op_of(op: Op) -> Op:
         key = id(op)
@@ -85,7 +91,7 @@ def relabel_costs(costs: RankCosts, move, link_of, compute_scale: float = 1.0, t
                 cache[key] = dataclasses.replace(op, duration_us=op.duration_us * compute_scale) \
                     if compute_scale != 1.0 else op
             elif op.group or op.peer >= 0:
-                group = tuple(move(g) for g in op.group)
+                group = move_group(tuple(op.group))
                 us, latency, loads = (timer.transfer(op.op, group, op.nbytes, op.api) if timer is not None and op.nbytes > 0
                                       else (op.duration_us, op.latency_us, op.loads))
                 cache[key] = dataclasses.replace(op, group=group, peer=move(op.peer) if op.peer >= 0 else -1,

@@ -188,7 +188,8 @@ def full_ranks(classes: list[ClassInfo], mesh: Relabel, cols: Mapping[str, list]
 def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, kernels_path, calib_dir, out_dir,
                  *, network: CollectiveCosts | None = None, options: EngineOptions | None = None,
                  overlap: Slowdown | Path | str | None = None, mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
-                 compute_scale: Mapping[int, float] | None = None, summary_only: bool = False) -> pa.Table:
+                 compute_scale: Mapping[int, float] | None = None, summary_only: bool = False,
+                 timer: CommTimer | None = None) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
     timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary
     (``summary_only``: the summary alone, as a search that ranks thousands of layouts wants).
@@ -200,7 +201,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     backward; None: as the workload's ``parallel.overlap_grad_reduce`` says (engine.py). The
     other overlaps (``parallel.overlap_param_gather``, ``tp_comm_overlap``, ``ep_comm_overlap``) are
     the workload's. ``options`` (all engine choices) overrides all three. ``compute_scale`` (full
-    mode): rank -> factor on its kernel times (a straggler)."""
+    mode): rank -> factor on its kernel times (a straggler). ``timer``: a ``CommTimer`` over
+    ``network`` that earlier simulations on the same topology filled (a search's layouts share
+    most of their collectives)."""
     t0 = time.perf_counter()
     if mode not in MODES:
         raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
@@ -220,7 +223,11 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                                        overlap_param_gather=par.overlap_param_gather,
                                        tp_comm_overlap=par.tp_comm_overlap, ep_comm_overlap=par.ep_comm_overlap)
     # ranks fill node_ranks GPUs of each node (ranks_per_node: e.g. 64 of an NVL72 rack's 72)
-    ctx = OpContext(load_kernels(Path(kernels_path)), CommTimer(network), slow, topology.node_ranks)
+    if timer is None:
+        timer = CommTimer(network)
+    elif timer.network is not network:
+        raise ValueError("simulate: the timer given times another network than the one given")
+    ctx = OpContext(load_kernels(Path(kernels_path)), timer, slow, topology.node_ranks)
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
     orders = orders_of(par, workload.micro_batches)
     mesh, cols = read_mesh(Path(rank_classes_path))

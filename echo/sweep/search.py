@@ -94,6 +94,23 @@ class _Progress:
 _STATE: dict = {}  # what the forked workers read: set before the pool starts
 
 
+def _batches(kept: list[Candidate], todo: list[int]) -> list[list[int]]:
+    """``todo``'s layouts in batches of those with the same graph but for the ZeRO stage (which
+    ``echo.trace.compose.compose_ranks`` composes once), batches with the same blocks next to
+    each other, so that a worker's recent parts serve its next layouts."""
+    from echo.trace.compose import signature
+
+    batches: dict[tuple, list[int]] = {}
+    for i in todo:
+        w = kept[i].workload
+        batches.setdefault((signature(w), w.model.layers, w.parallel.model_dump_json(exclude={"zero"})), []).append(i)
+    return [batches[k] for k in sorted(batches)]
+
+
+def _evaluate_batch(batch: list[int]) -> list[dict]:
+    return [r for i in batch for r in _evaluate(i)]
+
+
 def _evaluate(i: int) -> list[dict]:
     """Compose, group, cost and simulate kept layout ``i`` on every topology (in a worker)."""
     import warnings
@@ -119,9 +136,10 @@ def _evaluate(i: int) -> list[dict]:
         run_profile(s["hardware"], tmp / "trace", tmp / "kernels.parquet")
         rows = []
         for topo in s["topologies"]:
+            network, timer = s["timers"][topo.name]
             summary = run_simulate(w, s["hardware"], topo, tmp / "trace", tmp / "classes.parquet",
                                    tmp / "kernels.parquet", s["calib"][topo.name], tmp / "sim" / topo.name,
-                                   summary_only=True)
+                                   network=network, timer=timer, summary_only=True)
             rows.append({**summary.to_pylist()[0], "layout": c.name})
     return rows
 
@@ -261,7 +279,8 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     """Search ``config/sweeps/{name}.yaml``; write the tables and figures into ``out_dir``."""
     from echo.config import load_hardware, load_topology
     from echo.io import write_parquet
-    from echo.network import run_calibrate
+    from echo.network import NetworkModel, run_calibrate
+    from echo.simulate.costing import CommTimer
 
     t0 = time.perf_counter()
     exp = expand_search(name, root)
@@ -288,11 +307,20 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     partial = _Partial(out_dir, exp)
     todo = [i for i, c in enumerate(exp.kept) if c.name not in partial.done]
     progress.start(len(exp.kept) - len(todo))
-    _STATE.update(kept=exp.kept, cache=cache, hardware=hardware, topologies=topologies, calib=calib, work=work)
+    # one network model and collective timer per topology: each worker's timer then prices a
+    # collective once for all its layouts (they share most of their groups and sizes)
+    timers = {}
+    for topo in topologies:
+        network = NetworkModel.load(calib[topo.name] / "network.json")
+        timers[topo.name] = (network, CommTimer(network))
+    _STATE.update(kept=exp.kept, cache=cache, hardware=hardware, topologies=topologies, calib=calib, work=work,
+                  timers=timers)
     ctx = multiprocessing.get_context("fork")
+    done = len(exp.kept) - len(todo)
     with ctx.Pool(max(1, processes)) as pool:
-        for done, result in enumerate(pool.imap_unordered(_evaluate, todo, chunksize=4), len(exp.kept) - len(todo) + 1):
+        for result in pool.imap_unordered(_evaluate_batch, _batches(exp.kept, todo), chunksize=2):
             partial.add(result)
+            done += len({r["layout"] for r in result})
             progress.show(done)
     partial.add([], last=True)
     progress.show(len(exp.kept), force=True)

@@ -23,6 +23,7 @@ from torch import nn
 
 from echo.artifacts import COMMS, DEPS, OPS, TRACED_RANKS
 from echo.config.workload import Workload
+from echo.trace.step import process_settings
 from echo.trace.template import (
     DEPTH,
     NotComposable,
@@ -67,10 +68,11 @@ class _StandIn(nn.Module):
             self.params.append(p)
 
 
+@process_settings()
 def trace_tail(w: Workload, rank: int, chunks: list[list[dict]]) -> dict:
     """The gradient reduction and optimizer step of ``rank`` over parameters ``chunks`` (one entry
     list per chunk), recorded; with the rank's parameter, gradient and optimizer bytes. Run in a
-    process of its own (it creates the rank's fake process group)."""
+    process with no process group of its own (it creates the rank's fake one)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -238,24 +240,47 @@ def compose_trace(w: Workload, out_dir: Path, cache_dir: Path, processes: int = 
     return tables
 
 
+class _Recent(dict):
+    """A dict that forgets its oldest entries past ``size`` (a search worker's recent layouts)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        while len(self) > self.size:
+            del self[next(iter(self))]
+
+
+# Composed parts that layouts of one search share, kept in the process that composes them:
+# a rank's micro-batch memory follows its pieces and its chunks' kinds and depths alone (the
+# middle stages of every layout with the same blocks per chunk share it), and its micro-batch
+# graph is the same for ZeRO 0, 1 and 2 (one template stands for the three).
+_MEMORY: _Recent = _Recent(4096)
+_MICRO: _Recent = _Recent(64)
+
+
 def compose_ranks(w: Workload, pieces: dict, ranks: list[int], processes: int = 1) -> dict[int, dict[str, pa.Table]]:
     """Every rank of ``ranks`` composed whole."""
     from echo.trace.memory_template import compose_memory
 
     t0 = time.perf_counter()
     done = tails(tail_jobs(w, pieces, ranks), processes)
-    out, memories = {}, {}
+    out = {}
     layout = Layout(w.parallel)
+    blocks = signature(w)
+    graph = (blocks, w.model.layers, w.parallel.model_dump_json(exclude={"zero"}))
     for rank, tail in zip(ranks, done, strict=True):
         t = time.perf_counter()
-        micro = compose(pieces, w, rank)
-        # a rank's memory follows its chunks' kinds and depths alone (the middle stages share it)
+        if (graph, rank) not in _MICRO:
+            _MICRO[(graph, rank)] = compose(pieces, w, rank)
         slots = chunk_slots(w.parallel, w.model.layers, layout.coords(rank).pp)
-        shape = tuple((chunk_kind(s.first, s.last), len(s.layers)) for s in slots)
-        if shape not in memories:
-            memories[shape] = compose_memory(pieces, w, rank)
-        memory = memories[shape]
-        out[rank] = assemble(w, rank, micro, tail, memory, time.perf_counter() - t + (t - t0) / len(ranks))
+        shape = (blocks, tuple((chunk_kind(s.first, s.last), len(s.layers)) for s in slots))
+        if shape not in _MEMORY:
+            _MEMORY[shape] = compose_memory(pieces, w, rank)
+        out[rank] = assemble(w, rank, _MICRO[(graph, rank)], tail, _MEMORY[shape],
+                             time.perf_counter() - t + (t - t0) / len(ranks))
     return out
 
 

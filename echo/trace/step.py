@@ -8,6 +8,7 @@ pipeline schedule repeats the per-micro-batch part; the simulator composes it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from contextlib import nullcontext
@@ -56,6 +57,19 @@ def _loss(logits: torch.Tensor, fused: bool = False) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
+@contextlib.contextmanager
+def process_settings():
+    """Put torch's default dtype and thread count back after a trace: a rank may be traced in a
+    process that goes on (echo.trace.runner.forked_map runs the first job in its caller)."""
+    settings = torch.get_default_dtype(), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(settings[0])
+        torch.set_num_threads(settings[1])
+
+
+@process_settings()
 def trace_rank(w: Workload, rank: int, label_layers: bool = False) -> dict[str, pa.Table]:
     """Trace ``rank`` of ``w``; returns ops, comms, deps and the one-row ranks table.
     ``label_layers``: ops gain a ``layer`` column, the block of its chunk each belongs to (-1
