@@ -144,7 +144,7 @@ def _evaluate(i: int) -> list[dict]:
     return rows
 
 
-def _prepare(exp: Expansion, cache: Path, processes: int, progress: _Progress) -> None:
+def _prepare(exp: Expansion, cache: Path, processes: int, progress: _Progress) -> dict[str, float]:
     """Trace the template jobs and the distinct tails of every kept layout, here, before forking:
     all template jobs of the search in one pool, so that the cores stay busy."""
     from echo.trace.compose import cached_pieces, signature, tail_jobs, tails
@@ -159,12 +159,18 @@ def _prepare(exp: Expansion, cache: Path, processes: int, progress: _Progress) -
     print(f"search {progress.name}: {len(exp.kept)} layouts from {len({signature(c.workload) for c in exp.kept})} "
           f"block signatures: tracing {len(todo)} template jobs ({sum(len(j[2]) for j in todo.values())} ranks)",
           file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
     run_template_jobs(list(todo.values()), processes)
+    t1 = time.perf_counter()
     jobs = []
     for c in exp.kept:
         w = c.workload
         jobs += tail_jobs(w, cached_pieces(w, cache), sorted(Layout(w.parallel).representatives().values()))
     tails(jobs, processes)
+    t2 = time.perf_counter()
+    print(f"search {progress.name}: template jobs traced in {t1 - t0:.0f} s, {len(jobs)} gradient-reduction tails "
+          f"in {t2 - t1:.0f} s", file=sys.stderr, flush=True)
+    return {"templates_s": t1 - t0, "tails_s": t2 - t1}
 
 
 def _source_digest() -> str:
@@ -212,22 +218,28 @@ class _Partial:
             self.pending = []
 
 
-def _verify(exp: Expansion, cache: Path, count: int, work: Path) -> list[dict]:
-    """One rank of ``count`` layouts spread over the kept ones, traced in full and compared."""
+def _verify(exp: Expansion, cache: Path, count: int, work: Path, processes: int = 1) -> list[dict]:
+    """One rank of ``count`` layouts spread over the kept ones, traced in full (``processes`` at
+    once, a worker process each) and compared with its composed graph."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from echo.trace.compose import cached_pieces, compose_ranks, differences
     from echo.trace.runner import trace_ranks
     from echo.training.layout import Layout
 
     kept = exp.kept
     picks = [kept[round(k * (len(kept) - 1) / max(1, count - 1))] for k in range(min(count, len(kept)))]
-    out = []
+    checks = []
     for n, c in enumerate({c.name: c for c in picks}.values()):
         w = c.workload
         reps = sorted(Layout(w.parallel).representatives().values())
         rank = reps[n % len(reps)]  # first, then later stages: each kind of chunk gets checked
-        composed = compose_ranks(w, cached_pieces(w, cache), [rank])[rank]
-        traced = trace_ranks(w, [rank], work / f"verify-{n}")
-        diff = differences(composed, traced)
+        checks.append((n, c, rank, compose_ranks(w, cached_pieces(w, cache), [rank])[rank]))
+    with ThreadPoolExecutor(max(1, processes)) as pool:  # the traces run in worker processes
+        traced = list(pool.map(lambda k: trace_ranks(k[1].workload, [k[2]], work / f"verify-{k[0]}", jobs=1), checks))
+    out = []
+    for (_, c, rank, composed), full in zip(checks, traced, strict=True):
+        diff = differences(composed, full)
         out.append({"layout": c.name, "rank": rank, "ops": composed["ops"].num_rows, "equal": not diff,
                     "difference": diff[0] if diff else None})
         if diff:
@@ -300,10 +312,12 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
         if not (calib[topo.name] / "collectives.parquet").is_file():
             run_calibrate(topo, calib[topo.name])
     progress = _Progress(name, len(exp.kept))
-    _prepare(exp, cache, processes, progress)
+    phases = _prepare(exp, cache, processes, progress)
     # composition is checked before the layouts are simulated: a wrong graph fails in minutes
-    checks = _verify(exp, cache, exp.sweep.verify if verify is None else verify, work)
+    t = time.perf_counter()
+    checks = _verify(exp, cache, exp.sweep.verify if verify is None else verify, work, processes)
     t_prepared = time.perf_counter()
+    phases["verify_s"] = t_prepared - t
     partial = _Partial(out_dir, exp)
     todo = [i for i, c in enumerate(exp.kept) if c.name not in partial.done]
     progress.start(len(exp.kept) - len(todo))
@@ -340,6 +354,6 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     shutil.rmtree(partial.folder)  # everything is in ranking.parquet now
     return {"layouts": len(exp.candidates), "kept": len(exp.kept), "ranked": len(ranked),
             "fit": sum(1 for r in ranked if r["fits"]), "verified": len(checks),
-            "prepare_s": t_prepared - t0, "simulate_s": t_simulated - t_prepared,
+            "prepare_s": t_prepared - t0, "simulate_s": t_simulated - t_prepared, **phases,
             "wall_s": time.perf_counter() - t0,
             "best": [r for r in ranked if r["rank"] is not None][:3]}
