@@ -107,12 +107,29 @@ def test_search_step_times_are_the_fully_traced_pipelines(searched, tmp_path):
         assert s["peak_mem_gib"] == row["peak_mem_gib"], row["layout"]
 
 
-def test_what_templates_cannot_compose_is_dropped_before_tracing(config_root: Path):
+def test_what_templates_cannot_compose_is_traced_in_full_up_to_the_specs_limit(config_root: Path):
+    from echo.errors import ConfigError
+
     write_sweep(config_root, "z3", {**TINY, "gpus": 4, "axes": {"tp": [1], "pp": [1], "zero": [1, 3]}})
     exp = S.expand_search("z3", config_root)
-    (bad,) = exp.dropped
-    assert bad.key == "parallel.zero" and "FSDP" in bad.reason
-    assert len(exp.kept) == 1
+    assert len(exp.kept) == 2 and not exp.dropped
+    (name, why), = S.traced_in_full(exp).items()
+    assert "-z3" in name and why.startswith("parallel.zero") and "FSDP" in why
+    write_sweep(config_root, "z3", {**TINY, "gpus": 4, "trace_in_full": 0, "axes": {"tp": [1], "pp": [1],
+                                                                                    "zero": [1, 3]}})
+    with pytest.raises(ConfigError, match="trace_in_full") as err:  # before any tracing
+        S.traced_in_full(S.expand_search("z3", config_root))
+    assert "FSDP" in str(err.value)
+
+
+@pytest.mark.slow  # a whole search with a traced layout (about half a minute)
+def test_a_search_ranks_composed_and_fully_traced_layouts_together(config_root: Path, tmp_path):
+    write_sweep(config_root, "z3", {**TINY, "gpus": 4, "verify": 1, "axes": {"tp": [1], "pp": [1], "zero": [1, 3]}})
+    result = S.run_search("z3", tmp_path / "out", processes=2, root=config_root)
+    rows = pq.read_table(tmp_path / "out" / "ranking.parquet").to_pylist()
+    assert result["traced"] == 1 and len(rows) == 2
+    assert {r["zero"]: r["trace"] for r in rows} == {1: "composed", 3: "traced"}
+    assert all(r["step_time_s"] > 0 for r in rows)
 
 
 def test_overflow_names_the_memory_term_that_passes_the_capacity():

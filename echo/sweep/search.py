@@ -3,9 +3,10 @@
 A sweep (``echo.sweep.spec``) traces each layout's ranks through the workflow, half a minute a
 rank on two cores; a search answers the same question for thousands of layouts in one job:
 
-1. expand the spec, dropping with key and reason what cannot work (``spec.expand``) and what
-   layer templates cannot stand for yet (``echo.trace.template.NotComposable``: FSDP, FP8,
-   Hugging Face models), before any tracing;
+1. expand the spec, dropping with key and reason what cannot work (``spec.expand``), before any
+   tracing; layouts that layer templates cannot stand for yet (``echo.trace.template.NotComposable``:
+   FSDP, FP8, Hugging Face models) are traced in full instead, rank by rank, up to the spec's
+   ``trace_in_full`` (more is refused with the reason, before any tracing);
 2. trace each distinct template job once (``echo.trace.compose.cached_pieces``, shared by every
    layout with the same block signature) and each distinct gradient-reduction tail once;
 3. per layout, in worker processes: compose its ranks (``compose_trace``), group them
@@ -51,23 +52,35 @@ class SearchError(RuntimeError):
     """A search that cannot be trusted (a composed graph differs from its full trace)."""
 
 
-def _composable(path: Path):
-    """``expand``'s ``traceable`` for a search: the tracer's own checks, then the templates'."""
-    from echo.trace import check_traceable
+def refusal(w: Workload) -> str | None:
+    """Why layer templates cannot stand for ``w``'s ranks (None: they can)."""
     from echo.trace.template import NotComposable, template_workload
 
-    def check(w: Workload) -> None:
-        check_traceable(w)
-        try:
-            template_workload(w, 3)
-        except NotComposable as exc:
-            raise ConfigError(path, exc.key, str(exc)) from None
-    return check
+    try:
+        template_workload(w, 3)
+    except NotComposable as exc:
+        return f"{exc.key}: {exc}"
+    return None
 
 
 def expand_search(name: str, root: Path | None = None) -> Expansion:
+    from echo.trace import check_traceable
+
     sweep, path = load_sweep(name, root)
-    return expand(sweep, path, root, traceable=_composable(path))
+    return expand(sweep, path, root, traceable=check_traceable)
+
+
+def traced_in_full(exp: Expansion) -> dict[str, str]:
+    """Kept layouts that templates cannot stand for -> why; refused past the spec's
+    ``trace_in_full`` (each is traced rank by rank, as the workflow traces a sweep's layouts)."""
+    out = {c.name: why for c in exp.kept if (why := refusal(c.workload))}
+    if len(out) > exp.sweep.trace_in_full:
+        first = next(iter(out.items()))
+        raise ConfigError(exp.path, "trace_in_full",
+                          f"{len(out)} layouts need full traces (layer templates cannot stand for them, e.g. "
+                          f"{first[0]}: {first[1]}), more than trace_in_full = {exp.sweep.trace_in_full}; narrow "
+                          "the axes or raise it (half a minute a traced rank on two cores)")
+    return out
 
 
 class _Progress:
@@ -122,6 +135,7 @@ def _evaluate(i: int) -> list[dict]:
     from echo.io import write_parquet
     from echo.profile import run_profile
     from echo.simulate import run_simulate
+    from echo.trace import run_trace
     from echo.trace.compose import compose_trace
 
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -130,7 +144,10 @@ def _evaluate(i: int) -> list[dict]:
     w = c.workload
     with tempfile.TemporaryDirectory(prefix=".layout-", dir=s["work"]) as tmp:
         tmp = Path(tmp)
-        compose_trace(w, tmp / "trace", s["cache"])
+        if c.name in s["full"]:
+            run_trace(w, tmp / "trace")  # every role, a worker process each, over this process's cores
+        else:
+            compose_trace(w, tmp / "trace", s["cache"])
         write_parquet(rank_classes(w, pq.read_table(tmp / "trace" / "ranks.parquet")), tmp / "classes.parquet",
                       RANK_CLASSES)
         run_profile(s["hardware"], tmp / "trace", tmp / "kernels.parquet")
@@ -144,26 +161,27 @@ def _evaluate(i: int) -> list[dict]:
     return rows
 
 
-def _prepare(exp: Expansion, cache: Path, processes: int, progress: _Progress) -> dict[str, float]:
-    """Trace the template jobs and the distinct tails of every kept layout, here, before forking:
-    all template jobs of the search in one pool, so that the cores stay busy."""
+def _prepare(kept: list[Candidate], cache: Path, processes: int, progress: _Progress) -> dict[str, float]:
+    """Trace the template jobs and the distinct tails of every layout of ``kept`` (those composed
+    from templates), here, before forking: all template jobs of the search in one pool, so that
+    the cores stay busy."""
     from echo.trace.compose import cached_pieces, signature, tail_jobs, tails
     from echo.trace.template import run_template_jobs, template_jobs
     from echo.training.layout import Layout
 
     todo: dict[Path, tuple] = {}
-    for c in exp.kept:
+    for c in kept:
         for job in template_jobs(c.workload, Path(cache) / signature(c.workload)):
             todo.setdefault(job[0], job)
     progress.templates = len(todo)
-    print(f"search {progress.name}: {len(exp.kept)} layouts from {len({signature(c.workload) for c in exp.kept})} "
+    print(f"search {progress.name}: {len(kept)} layouts from {len({signature(c.workload) for c in kept})} "
           f"block signatures: tracing {len(todo)} template jobs ({sum(len(j[2]) for j in todo.values())} ranks)",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     run_template_jobs(list(todo.values()), processes)
     t1 = time.perf_counter()
     jobs = []
-    for c in exp.kept:
+    for c in kept:
         w = c.workload
         jobs += tail_jobs(w, cached_pieces(w, cache), sorted(Layout(w.parallel).representatives().values()))
     tails(jobs, processes)
@@ -218,16 +236,15 @@ class _Partial:
             self.pending = []
 
 
-def _verify(exp: Expansion, cache: Path, count: int, work: Path, processes: int = 1) -> list[dict]:
-    """One rank of ``count`` layouts spread over the kept ones, traced in full (``processes`` at
-    once, a worker process each) and compared with its composed graph."""
+def _verify(kept: list[Candidate], cache: Path, count: int, work: Path, processes: int = 1) -> list[dict]:
+    """One rank of ``count`` layouts spread over ``kept`` (the composed ones), traced in full
+    (``processes`` at once, a worker process each) and compared with its composed graph."""
     from concurrent.futures import ThreadPoolExecutor
 
     from echo.trace.compose import cached_pieces, compose_ranks, differences
     from echo.trace.runner import trace_ranks
     from echo.training.layout import Layout
 
-    kept = exp.kept
     picks = [kept[round(k * (len(kept) - 1) / max(1, count - 1))] for k in range(min(count, len(kept)))]
     checks = []
     for n, c in enumerate({c.name: c for c in picks}.values()):
@@ -270,7 +287,8 @@ def pareto(rows: list[dict], x: str) -> list[dict]:
     return out
 
 
-def rank_rows(exp: Expansion, rows: list[dict], capacity_gib: float) -> pa.Table:
+def rank_rows(exp: Expansion, rows: list[dict], capacity_gib: float, full: set[str] = frozenset()) -> pa.Table:
+    """The ranking table; ``full``: the layouts traced in full (the others were composed)."""
     kept = {c.name: c for c in exp.kept}
     out = []
     for r in rows:
@@ -278,7 +296,7 @@ def rank_rows(exp: Expansion, rows: list[dict], capacity_gib: float) -> pa.Table
         out.append({"layout": c.name, "tokens": c.name.split("--", 1)[1], "hardware": r["hardware"],
                     "topology": r["topology"], **{a: c.values.get(a) for a in AXES},
                     **{f.name: r.get(f.name) for f in RANKING if f.name in r and f.name not in ("rank", "layout")},
-                    "bubble_fraction": r.get("bubble_fraction"), "trace": "composed",
+                    "bubble_fraction": r.get("bubble_fraction"), "trace": "traced" if c.name in full else "composed",
                     "gpus": r["world_size"], "overflow": overflow(r, capacity_gib)})
     out.sort(key=lambda r: (not r["fits"], r["step_time_s"], r["layout"], r["topology"]))
     for i, r in enumerate(out):
@@ -301,6 +319,8 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     write_parquet(layouts_table(exp), out_dir / "layouts.parquet")
     if not exp.kept:
         raise ConfigError(exp.path, "axes", "no layout of the search is kept (layouts.parquet says why)")
+    full = traced_in_full(exp)
+    composed = [c for c in exp.kept if c.name not in full]
     hardware = load_hardware(exp.sweep.hardware, root)
     topologies = [load_topology(t, root) for t in exp.sweep.topologies]
     cache = Path(cache_dir or out_dir / "templates")
@@ -312,10 +332,10 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
         if not (calib[topo.name] / "collectives.parquet").is_file():
             run_calibrate(topo, calib[topo.name])
     progress = _Progress(name, len(exp.kept))
-    phases = _prepare(exp, cache, processes, progress)
+    phases = _prepare(composed, cache, processes, progress)
     # composition is checked before the layouts are simulated: a wrong graph fails in minutes
     t = time.perf_counter()
-    checks = _verify(exp, cache, exp.sweep.verify if verify is None else verify, work, processes)
+    checks = _verify(composed, cache, exp.sweep.verify if verify is None else verify, work, processes)
     t_prepared = time.perf_counter()
     phases["verify_s"] = t_prepared - t
     partial = _Partial(out_dir, exp)
@@ -328,11 +348,19 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
         network = NetworkModel.load(calib[topo.name] / "network.json")
         timers[topo.name] = (network, CommTimer(network))
     _STATE.update(kept=exp.kept, cache=cache, hardware=hardware, topologies=topologies, calib=calib, work=work,
-                  timers=timers)
-    ctx = multiprocessing.get_context("fork")
+                  timers=timers, full=full)
     done = len(exp.kept) - len(todo)
+    if full:
+        print(f"search {name}: {len(full)} layouts traced in full (templates cannot stand for them: "
+              f"{sorted(set(full.values()))[0]})", file=sys.stderr, flush=True)
+    for i in [i for i in todo if exp.kept[i].name in full]:  # here: their traces use every core
+        partial.add(_evaluate(i))
+        done += 1
+        progress.show(done)
+    ctx = multiprocessing.get_context("fork")
     with ctx.Pool(max(1, processes)) as pool:
-        for result in pool.imap_unordered(_evaluate_batch, _batches(exp.kept, todo), chunksize=2):
+        batches = _batches(exp.kept, [i for i in todo if exp.kept[i].name not in full])
+        for result in pool.imap_unordered(_evaluate_batch, batches, chunksize=2):
             partial.add(result)
             done += len({r["layout"] for r in result})
             progress.show(done)
@@ -341,7 +369,7 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     t_simulated = time.perf_counter()
     rows = partial.rows
     shutil.rmtree(work, ignore_errors=True)
-    ranking = rank_rows(exp, rows, hardware.memory_gib)
+    ranking = rank_rows(exp, rows, hardware.memory_gib, set(full))
     write_parquet(ranking, out_dir / "ranking.parquet", SEARCH_RANKING)
     ranked = ranking.to_pylist()
     fronts = [{**{k: r[k] for k in ("layout", "topology", "gpus", "step_time_s", "peak_mem_gib")}, "front": front}
@@ -352,7 +380,7 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
 
     search_fronts(ranked, fronts, out_dir, title=f"{name}: {exp.sweep.description}")
     shutil.rmtree(partial.folder)  # everything is in ranking.parquet now
-    return {"layouts": len(exp.candidates), "kept": len(exp.kept), "ranked": len(ranked),
+    return {"layouts": len(exp.candidates), "kept": len(exp.kept), "ranked": len(ranked), "traced": len(full),
             "fit": sum(1 for r in ranked if r["fits"]), "verified": len(checks),
             "prepare_s": t_prepared - t0, "simulate_s": t_simulated - t_prepared, **phases,
             "wall_s": time.perf_counter() - t0,
