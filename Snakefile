@@ -12,8 +12,8 @@
 #   sweep     results/sweep/{sweep}/{layouts,ranking}.parquet: config/sweeps/{sweep}.yaml's layouts,
 #             workloads named {sweep}--{tokens} that run through the stages above
 #   search    results/search/{search}/{layouts,ranking,pareto,verify}.parquet, front_*.svg: the same
-#             kind of file's layouts by the thousand, each rank composed from layer templates
-#             (results/templates/), in one job over the job's cores
+#             kind of file's layouts by the thousand, each rank composed from layer templates:
+#             a job per block signature (templates/), the checks, a job per shard (shards/), the ranking
 #
 # `rule all` runs the default experiments of config/config.yaml; any other combination of
 # existing config files is run by asking for its path, e.g.

@@ -79,8 +79,8 @@ def search_case(key: str) -> None:
     full = side["full_s"] / side["layouts"]
     print(f"\n{name}: {res['layouts']} combinations, {res['kept']} layouts ranked ({res['fit']} fit in memory)")
     print(f"  search, cold cache, {CORES} cores: {wall:.0f} s ({wall / 60:.1f} min; goal <= 10, aim 3): "
-          f"templates {res['templates_s']:.0f} s, tails {res['tails_s']:.0f} s, {res['verified']} checks "
-          f"{res['verify_s']:.0f} s (with the spec, calibration: {res['prepare_s']:.0f} s), layouts {res['simulate_s']:.0f} s")
+          f"templates {res['templates_s']:.0f} s, {res['verified']} checks {res['verify_s']:.0f} s (with the spec and "
+          f"calibration: {res['prepare_s']:.0f} s), tails {res['tails_s']:.0f} s, layouts {res['layouts_s']:.0f} s")
     print(f"  per layout: search {per_layout:.2f} s; full trace of its roles {full:.1f} s (mean of {side['layouts']} "
           f"sampled layouts, {side['roles']} roles): speed-up {full / per_layout:.0f}x (goal >= 50x)")
     print(f"  tracing alone: composition {side['composed_s'] / side['layouts']:.2f} s per layout (warm templates): "

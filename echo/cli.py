@@ -253,8 +253,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     res = run_search(args.spec, out, processes=cores, root=args.config_dir, verify=args.verify,
                      cache_dir=Path(args.templates or TEMPLATES("", results=args.results)))
     print(f"search {args.spec}: {res['layouts']} combinations, {res['kept']} layouts kept, {res['ranked']} ranked "
-          f"({res['fit']} fit in memory) in {res['wall_s']:.0f} s (templates, tails and {res['verified']} layouts "
-          f"checked against full traces {res['prepare_s']:.0f} s, layouts {res['simulate_s']:.0f} s)")
+          f"({res['fit']} fit in memory, {res['traced']} traced in full) in {res['wall_s']:.0f} s (templates "
+          f"{res['templates_s']:.0f} s, {res['verified']} layouts checked against full traces {res['verify_s']:.0f} s, "
+          f"tails and layouts {res['simulate_s']:.0f} s)")
     import pyarrow as pa
 
     if res["best"]:

@@ -167,5 +167,28 @@ def test_a_composed_graph_that_differs_from_its_full_trace_fails_the_search_nami
         write_parquet(pa.Table.from_pylist(ops, schema=pq.read_schema(ops_file)), ops_file)
     exp = S.expand_search("tiny", root / "config")
     with pytest.raises(S.SearchError, match=r"tiny--\S+: rank \d+ composed from templates differs") as err:
-        S._verify(exp, cache, 2, tmp_path / "work")
+        S.verify_composition(exp.kept, cache, 2, tmp_path / "work")
     assert "flops" in str(err.value)
+
+
+@pytest.mark.slow  # the workflow: template, check, shard and rank jobs (about two minutes)
+def test_the_workflow_runs_a_search_as_jobs_and_ranks_as_the_single_process_search_does(workflow_copy, tmp_path):
+    from conftest import snakemake, workflow_logs
+
+    spec = {**TINY, "gpus": 4, "shards": 2, "verify": 1,
+            "axes": {"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2], "zero": [0, 1]}}
+    write_sweep(workflow_copy / "config", "tiny", spec)
+    target = "results/search/tiny/ranking.parquet"
+    proc = snakemake(workflow_copy, "--cores", "2", target)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:] + workflow_logs(workflow_copy)
+    jobs = proc.stdout + proc.stderr
+    for rule in ("search_template", "search_verify", "search_shard", "search"):
+        assert f"rule {rule}:" in jobs or f"localrule {rule}:" in jobs, rule
+    assert sorted(p.name for p in (workflow_copy / "results/search/tiny/shards").iterdir()) == ["0.parquet",
+                                                                                               "1.parquet"]
+    S.run_search("tiny", tmp_path / "one", processes=2, root=workflow_copy / "config")
+    as_jobs = pq.read_table(workflow_copy / target).to_pylist()
+    in_one = pq.read_table(tmp_path / "one" / "ranking.parquet").to_pylist()
+    assert len(as_jobs) == len(in_one) == 16  # tp x pp x micro_batch x zero
+    assert [(r["layout"], r["step_time_s"], r["peak_mem_gib"]) for r in as_jobs] == \
+        [(r["layout"], r["step_time_s"], r["peak_mem_gib"]) for r in in_one]

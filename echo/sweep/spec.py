@@ -97,6 +97,8 @@ class Sweep(BaseModel):
     axes: dict[str, list[Any]] = Field(description="axis -> values; axes: " + ", ".join(AXES))
     verify: int = Field(1, ge=0, description="ranks each layout's dedup re-traces (checks trace sharing); "
                         "for a search: layouts whose composed rank is checked against a full trace")
+    shards: PositiveInt = Field(4, description="a search under Snakemake: jobs its layouts are split into, each "
+                                "over its cores (on SLURM, a node each)")
     trace_in_full: int = Field(16, ge=0, description="a search: layouts that layer templates cannot stand for "
                                "(FSDP, FP8, Hugging Face models) are traced in full, up to this many (half a "
                                "minute a rank); more is refused before any tracing, with the reason")

@@ -269,17 +269,22 @@ def compose_ranks(w: Workload, pieces: dict, ranks: list[int], processes: int = 
     done = tails(tail_jobs(w, pieces, ranks), processes)
     out = {}
     layout = Layout(w.parallel)
-    blocks = signature(w)
-    graph = (blocks, w.model.layers, w.parallel.model_dump_json(exclude={"zero"}))
+    # the parts are kept only for pieces read from a template folder, and by that folder: pieces
+    # of the same signature from another (re-traced, or damaged) folder are composed anew
+    origin = tuple(sorted((k, p.origin) for k, p in pieces.items()))
+    keep = all(o for _, o in origin)
+    graph = (origin, w.model.layers, w.parallel.model_dump_json(exclude={"zero"}))
+    micro_parts = _MICRO if keep else {}
+    memory_parts = _MEMORY if keep else {}
     for rank, tail in zip(ranks, done, strict=True):
         t = time.perf_counter()
-        if (graph, rank) not in _MICRO:
-            _MICRO[(graph, rank)] = compose(pieces, w, rank)
+        if (graph, rank) not in micro_parts:
+            micro_parts[(graph, rank)] = compose(pieces, w, rank)
         slots = chunk_slots(w.parallel, w.model.layers, layout.coords(rank).pp)
-        shape = (blocks, tuple((chunk_kind(s.first, s.last), len(s.layers)) for s in slots))
-        if shape not in _MEMORY:
-            _MEMORY[shape] = compose_memory(pieces, w, rank)
-        out[rank] = assemble(w, rank, _MICRO[(graph, rank)], tail, _MEMORY[shape],
+        shape = (origin, tuple((chunk_kind(s.first, s.last), len(s.layers)) for s in slots))
+        if shape not in memory_parts:
+            memory_parts[shape] = compose_memory(pieces, w, rank)
+        out[rank] = assemble(w, rank, micro_parts[(graph, rank)], tail, memory_parts[shape],
                              time.perf_counter() - t + (t - t0) / len(ranks))
     return out
 

@@ -32,6 +32,7 @@ with it. ``check`` compares a composed graph with a full trace op by op.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -116,14 +117,14 @@ def needed(w: Workload) -> set[tuple[str, int]]:
 TEMPLATE_TABLES = ("ops", "comms", "deps", "params", "mem_events", "mem_entries")
 
 
-def template_jobs(w: Workload, cache_dir: Path) -> list[tuple[Path, Workload, list[int]]]:
+def template_jobs(w: Workload, cache_dir: Path, missing_only: bool = True) -> list[tuple[Path, Workload, list[int]]]:
     """(folder, template workload, ranks) of each template job ``w`` needs that ``cache_dir``
-    does not hold yet (one folder per job, ``{stages}x{depth}``)."""
+    does not hold yet (``missing_only=False``: all of them), one folder per job, ``{stages}x{depth}``."""
     where = template_ranks(w)
     out = []
     for stages, depth in sorted({(where[kind][0], depth) for kind, depth in needed(w)}):
         folder = Path(cache_dir) / f"{stages}x{depth}"
-        if not (folder / "done").is_file():
+        if not missing_only or not (folder / "done").is_file():
             out.append((folder, template_workload(w, stages, depth), sorted({r for s, r in where.values() if s == stages})))
     return out
 
@@ -164,8 +165,9 @@ def trace_pieces(w: Workload, cache_dir: Path, jobs: int | None = None) -> dict[
         stages, r = where[kind]
         folder = Path(cache_dir) / f"{stages}x{depth}"
         tables = {name: read_parquet(folder / f"{name}.parquet") for name in TEMPLATE_TABLES}
-        pieces[(kind, depth)] = piece(kind, depth, template_workload(w, stages, depth),
-                                      {n: t.filter(pac.equal(t["rank"], r)) for n, t in tables.items()})
+        pieces[(kind, depth)] = dataclasses.replace(
+            piece(kind, depth, template_workload(w, stages, depth),
+                  {n: t.filter(pac.equal(t["rank"], r)) for n, t in tables.items()}), origin=str(folder.resolve()))
     return pieces
 
 
@@ -184,6 +186,7 @@ class Piece:
     params: list[dict]                  # the rank's parameters in order (echo.trace.manifest.PARAMS rows)
     memory: dict[str, list[dict]]       # the micro-batch's memory events and entries (echo.trace.memory_template)
     runs: dict[str, list[tuple[int, list[dict]]]]  # each block's ops as runs of one layer label (_runs)
+    origin: str = ""                    # the template folder it was read from ("": made otherwise)
 
 
 def piece(kind: str, depth: int, workload: Workload, tables: dict[str, pa.Table]) -> Piece:

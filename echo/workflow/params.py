@@ -180,6 +180,52 @@ def shared_trace_files(wildcards, root: Path = CONFIG_DIR) -> dict[str, str]:
     return paths.trace_tables(shared_trace(wildcards.workload, root=root))
 
 
+@cache
+def search_plan(name: str, root: Path = CONFIG_DIR):
+    """The search's jobs (echo.sweep.search_jobs.make_plan), from its file alone: every job, on
+    any node, computes the same plan."""
+    from echo.sweep.search import make_plan
+
+    return make_plan(name, root)
+
+
+def search_template_params(wildcards, root: Path = CONFIG_DIR) -> dict:
+    """The template jobs of one block signature of the search: each one's template workload and
+    the ranks traced (one Snakemake job a signature: its jobs share the process's warm-up)."""
+    plan = search_plan(wildcards.search, root)
+    jobs = {key.split("/")[1]: {"workload": tw.model_dump(), "ranks": list(ranks)}
+            for key, (tw, ranks) in plan.templates.items() if key.split("/")[0] == wildcards.signature}
+    if not jobs:
+        raise ConfigError(plan.exp.path, "axes", f"no layout of the search has block signature {wildcards.signature}")
+    return jobs
+
+
+def search_templates(wildcards, root: Path = CONFIG_DIR, keys: list[str] | None = None) -> list[str]:
+    """The search's template folders, one per block signature (``keys``: those holding these jobs)."""
+    plan = search_plan(wildcards.search, root)
+    signatures = sorted({key.split("/")[0] for key in (plan.templates if keys is None else keys)})
+    return [paths.SEARCH("templates", sig, search=wildcards.search) for sig in signatures]
+
+
+def search_shard_inputs(wildcards, root: Path = CONFIG_DIR) -> dict[str, list[str]]:
+    """What one shard of a search's layouts reads: its template folders, the composition checks
+    (a wrong graph fails the search before any shard runs) and each topology's calibration."""
+    from echo.sweep.search import shard_templates
+
+    plan = search_plan(wildcards.search, root)
+    shard = int(wildcards.shard)
+    if not 0 <= shard < len(plan.shards):
+        raise ConfigError(plan.exp.path, "shards", f"shard {shard}: the search has {len(plan.shards)} shards")
+    return {"templates": search_templates(wildcards, root, shard_templates(plan, shard)),
+            "verify": [paths.SEARCH("verify.parquet", search=wildcards.search)],
+            "networks": [paths.CALIBRATE("network.json", topology=t) for t in plan.exp.sweep.topologies]}
+
+
+def search_shards(wildcards, root: Path = CONFIG_DIR) -> list[str]:
+    plan = search_plan(wildcards.search, root)
+    return [paths.SEARCH("shards", f"{k}.parquet", search=wildcards.search) for k in range(len(plan.shards))]
+
+
 def search_params(wildcards, root: Path = CONFIG_DIR) -> dict:
     """Everything a search decides (its file, its hardware and topologies), checked while the DAG
     is built: a bad search file is refused (file, key, reason) before any job runs. A change to

@@ -1,4 +1,4 @@
-"""rule search: every layout of a sweep file ranked from composed graphs (echo.sweep.search)."""
+"""rule search: a search's shards ranked, its fronts and figures (echo.sweep.search.finish)."""
 
 import _stage
 
@@ -8,12 +8,18 @@ sm = snakemake  # noqa: F821 (set by Snakemake)
 def main() -> None:
     from pathlib import Path
 
-    from echo.sweep.search import run_search
+    import pyarrow.parquet as pq
 
-    res = run_search(sm.wildcards.search, Path(sm.output.ranking).parent, processes=sm.threads,
-                     cache_dir=Path(sm.params.templates))
-    line = (f"search {sm.wildcards.search}: {res['kept']} layouts ranked ({res['fit']} fit) in {res['wall_s']:.0f} s; "
-            f"best: {', '.join(r['tokens'] for r in res['best'])}")
+    from echo.config import Hardware
+    from echo.sweep.search import finish, make_plan
+
+    plan = make_plan(sm.wildcards.search)
+    rows = [r for f in sm.input.shards for r in pq.read_table(f).to_pylist()]
+    checks = pq.read_table(sm.input.verify).to_pylist()
+    capacity = Hardware.model_validate(sm.params.search["hardware"]).memory_gib
+    res = finish(plan, rows, checks, capacity, Path(sm.output.ranking).parent)
+    line = (f"search {sm.wildcards.search}: {res['kept']} layouts ranked ({res['fit']} fit, {res['traced']} traced "
+            f"in full); best: {', '.join(r['tokens'] for r in res['best'])}")
     print(line)
     print(line, file=_stage.terminal_out, flush=True)
 
