@@ -204,12 +204,13 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     partial = _Partial(out_dir, exp)
     todo = [i for i, c in enumerate(exp.kept) if c.name not in partial.done]
     progress.start(len(exp.kept) - len(todo))
-    done = [len(exp.kept) - len(todo)]
+    done = len(exp.kept) - len(todo)
 
     def took(rows: list[dict]) -> None:
+        nonlocal done
         partial.add(rows)
-        done[0] += len({r["layout"] for r in rows})
-        progress.show(done[0])
+        done += len({r["layout"] for r in rows})
+        progress.show(done)
 
     t = time.perf_counter()
     phases.update(evaluate(plan, todo, cache, hardware, topologies, calib, out_dir / "work", processes, took))

@@ -83,16 +83,15 @@ class _Progress:
 _STATE: dict = {}  # what the forked workers read: set before the pool starts
 
 
-def _batches(kept: list[Candidate], todo: list[int]) -> list[list[int]]:
+def _batches(kept: list[Candidate], todo: list[int], signatures: dict[int, str]) -> list[list[int]]:
     """``todo``'s layouts in batches of those with the same graph but for the ZeRO stage (which
-    ``echo.trace.compose.compose_ranks`` composes once), batches with the same blocks next to
-    each other, so that a worker's recent parts serve its next layouts."""
-    from echo.trace.compose import signature
-
+    ``echo.trace.compose.compose_ranks`` composes once), batches with the same blocks
+    (``signatures``: kept index -> block signature) next to each other, so that a worker's
+    recent parts serve its next layouts."""
     batches: dict[tuple, list[int]] = {}
     for i in todo:
         w = kept[i].workload
-        batches.setdefault((signature(w), w.model.layers, w.parallel.model_dump_json(exclude={"zero"})), []).append(i)
+        batches.setdefault((signatures[i], w.model.layers, w.parallel.model_dump_json(exclude={"zero"})), []).append(i)
     return [batches[k] for k in sorted(batches)]
 
 
@@ -146,6 +145,8 @@ class Plan:
     full: dict[str, str]                               # layouts traced in full -> why templates cannot stand for them
     templates: dict[str, tuple[Workload, list[int]]]   # "{signature}/{stages}x{depth}" -> (template workload, ranks)
     shards: list[list[int]]                            # indices into exp.kept, per shard
+    signatures: dict[int, str]                         # composed layout's kept index -> its block signature
+    needs: dict[int, tuple[str, ...]]                  # composed layout's kept index -> its template jobs
 
     @property
     def kept(self) -> list[Candidate]:
@@ -156,12 +157,6 @@ class Plan:
         return [c for c in self.exp.kept if c.name not in self.full]
 
 
-def _template_keys(w: Workload) -> list[tuple[str, Workload, list[int]]]:
-    """(key, template workload, ranks) of every template job ``w``'s ranks are composed from."""
-    from echo.trace.compose import signature
-    from echo.trace.template import template_jobs
-
-    return [(str(folder), tw, ranks) for folder, tw, ranks in template_jobs(w, Path(signature(w)), missing_only=False)]
 
 
 def make_plan(name: str, root: Path | None = None, shards: int | None = None) -> Plan:
@@ -169,15 +164,23 @@ def make_plan(name: str, root: Path | None = None, shards: int | None = None) ->
     exp = expand_search(name, root)
     if not exp.kept:
         raise ConfigError(exp.path, "axes", "no layout of the search is kept (layouts.parquet says why)")
+    from echo.trace.compose import signature
+    from echo.trace.template import template_jobs
+
     full = traced_in_full(exp)
     kept = exp.kept
     templates: dict[str, tuple[Workload, list[int]]] = {}
-    for c in kept:
+    signatures: dict[int, str] = {}
+    needs: dict[int, tuple[str, ...]] = {}
+    for i, c in enumerate(kept):  # each layout's signature and template jobs, once for every job of the search
         if c.name not in full:
-            for key, tw, ranks in _template_keys(c.workload):
-                templates.setdefault(key, (tw, ranks))
+            signatures[i] = signature(c.workload)
+            jobs = template_jobs(c.workload, Path(signatures[i]), missing_only=False)
+            needs[i] = tuple(str(folder) for folder, _, _ in jobs)
+            for folder, tw, ranks in jobs:
+                templates.setdefault(str(folder), (tw, ranks))
     batches = [[i] for i, c in enumerate(kept) if c.name in full]
-    batches += _batches(kept, [i for i, c in enumerate(kept) if c.name not in full])
+    batches += _batches(kept, sorted(signatures), signatures)
     n = max(1, min(shards or exp.sweep.shards, len(batches)))
     out: list[list[int]] = [[] for _ in range(n)]
     k = 0
@@ -185,23 +188,21 @@ def make_plan(name: str, root: Path | None = None, shards: int | None = None) ->
         if k < n - 1 and sum(map(len, out[: k + 1])) >= len(kept) * (k + 1) / n:
             k += 1
         out[k] += b
-    return Plan(name, exp, full, templates, out)
+    return Plan(name, exp, full, templates, out, signatures, needs)
 
 
 def shard_templates(plan: Plan, shard: int) -> list[str]:
     """The template jobs shard ``shard``'s layouts are composed from."""
-    keys = {key for i in plan.shards[shard] if plan.kept[i].name not in plan.full
-            for key, _, _ in _template_keys(plan.kept[i].workload)}
-    return sorted(keys)
+    return sorted({key for i in plan.shards[shard] for key in plan.needs.get(i, ())})
 
 
-def trace_templates(plan: Plan, cache: Path, processes: int = 1, keys: list[str] | None = None) -> int:
-    """Trace the plan's template jobs (``keys``: those alone) that ``cache`` does not hold yet,
-    all in one pool; returns how many were traced."""
+def trace_templates(plan: Plan, cache: Path, processes: int = 1) -> int:
+    """Trace the plan's template jobs that ``cache`` does not hold yet, all in one pool; returns
+    how many were traced."""
     from echo.trace.template import run_template_jobs
 
     jobs = [(Path(cache) / key, tw, ranks) for key, (tw, ranks) in plan.templates.items()
-            if (keys is None or key in keys) and not (Path(cache) / key / "done").is_file()]
+            if not (Path(cache) / key / "done").is_file()]
     run_template_jobs(jobs, processes)
     return len(jobs)
 
@@ -238,7 +239,7 @@ def evaluate(plan: Plan, indices: list[int], cache: Path, hardware, topologies: 
         on_rows(_evaluate(i))
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(max(1, processes)) as pool:
-        batches = _batches(plan.kept, [i for i in indices if plan.kept[i].name not in plan.full])
+        batches = _batches(plan.kept, [i for i in indices if i in plan.signatures], plan.signatures)
         for rows in pool.imap_unordered(_evaluate_batch, batches, chunksize=2):
             on_rows(rows)
     return {"tails": len(jobs), "tails_s": t1 - t0, "layouts_s": time.perf_counter() - t1}

@@ -108,7 +108,7 @@ def forked_map(fn, jobs: list, processes: int, fresh: bool = True) -> list:
     # the first job runs here: what tracing fills on first use (fake tensors' dispatch cache,
     # DTensor's sharding propagation, lazily imported ops) is then inherited by every forked
     # process, and a rank traces in a third of the time it takes a cold process. Its tables are
-    # the same (destroy_process_group renumbers groups from 1; test_runner checks it)
+    # the same (destroy_process_group renumbers groups from 1; tests/test_template.py checks it)
     first = fn(jobs[0])
     rest = jobs[1:]
     if not rest:
