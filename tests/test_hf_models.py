@@ -47,8 +47,9 @@ def test_tiny_config_of_each_architecture_traces(name, tmp_path):
     assert any("flash_attention" in n for n in names) and "aten._safe_softmax.default" not in names
     if w.model.experts:
         a2a = [c for c in comms if c["op"] == "all_to_all"]
-        # dispatch and combine, forward and backward, on every MoE layer of the rank
-        assert a2a and len(a2a) % 4 == 0
+        # dispatch (tokens, and their routing weights) and combine, forward and backward, on
+        # every MoE layer of the rank
+        assert a2a and len(a2a) % 6 == 0
         assert {c["group_size"] for c in a2a} == {w.parallel.ep}
 
 

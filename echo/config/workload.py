@@ -137,7 +137,15 @@ class TrainingConfig(BaseModel):
     dtype: Literal["bf16", "fp16", "fp32", "fp8"] = Field(
         "bf16", description="compute dtype; fp8: the linear layers' GEMMs run in FP8 by fp8_recipe, everything "
         "else (embedding, LM head, norms, attention core, optimizer) in bf16 with fp32 master weights")
-    recompute: Literal["none", "selective", "full"] = Field("none", description="activation recomputation")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="activation recomputation: none; selective (the modules of recompute_modules); full "
+        "(every layer from its input, Megatron's full granularity)")
+    recompute_modules: list[Literal["core_attn", "layernorm", "moe_act", "mlp"]] = Field(
+        default_factory=lambda: ["core_attn"], description="with recompute: selective, Megatron-Core's --recompute-modules (default "
+        "core_attn): core_attn re-runs the attention core in backward (Korthikanti et al.); layernorm and moe_act "
+        "keep their input and not their output, which backward recomputes (CheckpointWithoutOutput: the norms "
+        "before attention and MLP; the routed experts' activation); mlp checkpoints each dense MLP (hf_config "
+        "models; layernorm, moe_act and mlp need one)")
     fp8_recipe: Literal["delayed", "current", "mxfp8", "blockwise", "nvfp4"] | None = Field(
         None, description="how FP8 tensors are scaled (dtype fp8 only). delayed: per-tensor scales from an amax "
         "history, amaxes all-reduced once per step (Transformer Engine's default on Hopper); current: per-tensor "
@@ -250,6 +258,14 @@ class Workload(BaseModel):
              else f"fp8_recipe {t.fp8_recipe} needs dtype: fp8 (dtype is {t.dtype})")
         need(not t.fp8_param_gather or (t.dtype == "fp8" and p.zero >= 1), "training.fp8_param_gather",
              "gathers FP8 parameters, which needs dtype fp8 and a sharded optimizer (zero 1, 2 or 3)")
+        modules = t.recompute_modules
+        need(t.recompute == "selective" or modules == ["core_attn"], "training.recompute_modules",
+             f"{list(modules)} are recomputed under recompute: selective (recompute is {t.recompute})")
+        need(len(set(modules)) == len(modules), "training.recompute_modules", f"{list(modules)} lists a module twice")
+        need(m.arch == "hf" or set(modules) <= {"core_attn"}, "training.recompute_modules",
+             f"{sorted(set(modules) - {'core_attn'})} are traced for hf_config models only")
+        need("moe_act" not in modules or m.experts > 0, "training.recompute_modules",
+             "moe_act recomputes the routed experts' activation; the model has no experts")
         need(t.grad_reduce_in_fp32 or p.zero < 3, "training.grad_reduce_in_fp32",
              "FSDP2 (zero 3) reduces gradients in fp32 as torchtitan runs it; a compute-dtype reduction is not modelled")
         need(not p.ep_comm_overlap or p.ep > 1, "parallel.ep_comm_overlap",

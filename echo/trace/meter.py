@@ -26,7 +26,7 @@ reduced shard; data_parallel.memory_model counts them), the cached FP8 weight co
 storage and are counted once; fake tensors' ``wait_tensor`` returns a copy where a GPU returns
 its input, so the two count as one buffer.
 
-What a GPU runs differs from the CPU path in three places, and the meter counts what the GPU
+What a GPU runs differs from the CPU path in these places, and the meter counts what the GPU
 keeps (``KERNELS``); each rule applies only where its pattern occurs:
 
 - fused RMSNorm (any module whose class name ends in ``RMSNorm``: torch's, transformers'): on
@@ -46,7 +46,11 @@ keeps (``KERNELS``); each rule applies only where its pattern occurs:
   their output as [batch, seq, heads, dim] and return the [batch, heads, seq, dim] view, so the
   ``transpose(1, 2).reshape(b, s, -1)`` before the output projection is a view there; the CPU
   kernel writes [batch, heads, seq, dim] and the reshape copies it (the copy, which the output
-  projection saves, is the attention output's own bytes on a GPU).
+  projection saves, is the attention output's own bytes on a GPU);
+- value head size (MLA: DeepSeek's query / key heads of 192, value heads of 128): the CPU kernel
+  takes one head size, so the tracer pads the values (marked ``echo_head_dim``); Transformer
+  Engine's and FlashAttention-3's kernels take the two sizes, so the padded values and the
+  kernel's output count at the value head's size.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from torch.utils._pytree import tree_flatten
 
 from echo.trace.recorder import _SHARDING_PROP_DEPTH
 
-KERNELS = ("fused_rmsnorm", "fused_swiglu", "native_gqa", "attention_layout")
+KERNELS = ("fused_rmsnorm", "fused_swiglu", "native_gqa", "attention_layout", "value_head")
 _WAIT = torch.ops._c10d_functional.wait_tensor.default
 _SILU = {F.silu, torch.nn.functional.silu}
 _MUL = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__}
@@ -361,11 +365,24 @@ class _KernelRules(TorchFunctionMode):
                 self._grouped_kv(args, kwargs)
             if isinstance(out, torch.Tensor) and (e := m.entries.get(_key(out))) is not None:
                 m.attn_out[_key(out)] = e
+                self._value_head(args, kwargs, e)
         elif func in _RESHAPE and m.attn_out and args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor):
             src, dst = m.attn_out.get(_key(args[0])), m.entries.get(_key(out))
-            if src is not None and dst is not None and dst is not src and dst.nbytes == src.nbytes:
+            if src is not None and dst is not None and dst is not src and dst.nbytes in (src.nbytes, src.effective):
                 m._set_effective(dst, 0)  # a view of the kernel's [b, s, h, d] output on a GPU
         return out
+
+    def _value_head(self, args, kwargs, out: _Entry) -> None:
+        """MLA's value heads, padded to the query head size for the CPU kernel (``echo_head_dim``:
+        their own size): the GPU kernel reads them unpadded and writes outputs of their size."""
+        m = self.meter
+        v = args[2] if len(args) > 2 else kwargs["value"]
+        d_v = getattr(v, "echo_head_dim", None)
+        if not d_v or d_v >= v.shape[-1]:
+            return
+        for e in (m.entries.get(_key(v)), out):
+            if e is not None and e.effective == e.nbytes:
+                m._set_effective(e, e.nbytes * d_v // v.shape[-1])
 
     def _grouped_kv(self, args, kwargs):
         m = self.meter

@@ -201,6 +201,89 @@ def fuse_swiglu_mlps(model: nn.Module) -> int:
     return n
 
 
+# --- routed experts' weighted gated activation -----------------------------------------------
+# Megatron-Core's grouped experts apply the routing probability inside the fused activation
+# (weighted_bias_swiglu_impl; weighted_bias_quick_geglu_impl for GPT-OSS's clamped gate with
+# glu_linear_offset 1): one kernel keeps its input (the fc1 output) and the per-row weights, and
+# the combine after the experts is a plain sum that keeps nothing.
+GLU_KINDS = ("swiglu", "clamped")
+
+
+def _glu_reference(x: torch.Tensor, w: torch.Tensor, kind: str, limit: float, alpha: float,
+                   offset: float) -> torch.Tensor:
+    if kind == "swiglu":  # [gate | up] halves: silu(gate) * up
+        gate, up = x.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up * w
+    # GPT-OSS (transformers' layout, gate and up interleaved): (clamp(up) + offset) * g * sigmoid(alpha g)
+    gate, up = x[..., ::2].clamp(max=limit), x[..., 1::2].clamp(-limit, limit)
+    return (up + offset) * (gate * torch.sigmoid(gate * alpha)) * w
+
+
+@torch.library.custom_op("echo::weighted_glu", mutates_args=())
+def weighted_glu(x: torch.Tensor, w: torch.Tensor, kind: str, limit: float, alpha: float,
+                 offset: float) -> torch.Tensor:
+    """The gated activation of ``x`` ([rows, 2f]) times the rows' routing weights ``w`` ([rows, 1])."""
+    return _glu_reference(x.float(), w.float(), kind, limit, alpha, offset).to(x.dtype)
+
+
+@weighted_glu.register_fake
+def _(x, w, kind, limit, alpha, offset):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("echo::weighted_glu_backward", mutates_args=())
+def weighted_glu_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, kind: str, limit: float,
+                          alpha: float, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of weighted_glu in one pass over grad, x and w."""
+    g, xf, wf = grad.float(), x.float(), w.float()
+    if kind == "swiglu":
+        gate, up = xf.chunk(2, dim=-1)
+        sig = torch.sigmoid(gate)
+        act = gate * sig
+        dgate = g * up * wf * sig * (1 + gate * (1 - sig))
+        dup = g * act * wf
+        dx = torch.cat((dgate, dup), dim=-1)
+        dw = (g * act * up).sum(-1, keepdim=True)
+    else:
+        gate, up = xf[..., ::2], xf[..., 1::2]
+        gc, uc = gate.clamp(max=limit), up.clamp(-limit, limit)
+        sig = torch.sigmoid(gc * alpha)
+        act = gc * sig
+        # clamp passes the gradient where the input is within its bounds
+        dgate = g * (uc + offset) * wf * (sig + alpha * gc * sig * (1 - sig)) * (gate <= limit)
+        dup = g * act * wf * ((up >= -limit) & (up <= limit))
+        dx = torch.stack((dgate, dup), dim=-1).flatten(-2)
+        dw = (g * (uc + offset) * act).sum(-1, keepdim=True)
+    return dx.to(x.dtype), dw.to(w.dtype)
+
+
+@weighted_glu_backward.register_fake
+def _(grad, x, w, kind, limit, alpha, offset):
+    return torch.empty_like(x), torch.empty_like(w)
+
+
+def _glu_setup(ctx, inputs, output):
+    x, w, *ctx.args = inputs
+    ctx.save_for_backward(x, w)
+
+
+def _glu_backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    return (*weighted_glu_backward(grad.contiguous(), x, w, *ctx.args), None, None, None, None)
+
+
+weighted_glu.register_autograd(_glu_backward, setup_context=_glu_setup)
+
+
+def fused_weighted_glu(x: torch.Tensor, w: torch.Tensor, kind: str = "swiglu", limit: float = 0.0,
+                       alpha: float = 1.0, offset: float = 0.0) -> torch.Tensor:
+    """weighted_glu on plain tensors (routed experts are not tensor-parallel); ``w`` broadcast
+    over the last dim (shape [..., rows, 1])."""
+    if kind not in GLU_KINDS:
+        raise ValueError(f"gated activation '{kind}' is not one of {GLU_KINDS}")
+    return weighted_glu(x.contiguous(), w.to(x.dtype).contiguous(), kind, float(limit), float(alpha), float(offset))
+
+
 # --- cross entropy ------------------------------------------------------------------------------
 @torch.library.custom_op("echo::cross_entropy", mutates_args=())
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from echo.config.workload import ModelConfig, Workload
 from echo.errors import ConfigError
 from echo.training import fused, hf_moe
-from echo.training.layers import RecomputeHook, attention_core, recomputed
+from echo.training.layers import RecomputedOutputs, RecomputeHook, attention_core, recomputed
 from echo.training.layout import chunk_slots
 
 ATTENTION = "echo"
@@ -39,9 +39,10 @@ def _echo_attention(module, query, key, value, attention_mask, scaling=None, dro
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     d_v = value.shape[-1]
     if d_v < query.shape[-1]:
-        # MLA (DeepSeek): q/k heads of 192, v heads of 128. Fused kernels take one head size, so
+        # MLA (DeepSeek): q/k heads of 192, v heads of 128. The CPU's kernel takes one head size, so
         # v is padded and the output cut, as transformers' own flash-attention path does for MLA
         value = F.pad(value, [0, query.shape[-1] - d_v])
+        value.echo_head_dim = d_v  # the memory meter counts it (and the output) at d_v (meter.KERNELS)
     selective, hook = getattr(module, "echo_selective", False), getattr(module, "echo_hook", nullcontext)
     cp_group, p = getattr(module, "cp_group", None), dropout if module.training else 0.0
     window = kwargs.get("sliding_window")
@@ -146,7 +147,7 @@ class HFChunk(nn.Module):
     hf = True
 
     def __init__(self, lm: nn.Module, layer_ids: range, *, first: bool, last: bool,
-                 recompute: str = "none", hook: RecomputeHook = nullcontext):
+                 recompute: str = "none", hook: RecomputeHook = nullcontext, modules: list[str] | None = None):
         super().__init__()
         base = lm.model
         self.first, self.last, self.layer_ids = first, last, layer_ids
@@ -158,9 +159,22 @@ class HFChunk(nn.Module):
         self.seq_shard = (0, 1)
         # the model's own tensor-parallel plan, where transformers ships one (tensor_parallel.py)
         self.hf_tp_plan = dict(getattr(lm.config, "base_model_tp_plan", None) or {})
+        selective = set(modules or ["core_attn"]) if recompute == "selective" else set()
+        # layernorm / moe_act: outputs the readers do not keep (layers.RecomputedOutputs)
+        self.outputs = RecomputedOutputs(hook) if selective & {"layernorm", "moe_act"} else None
         for block in self.blocks:
-            block.self_attn.echo_selective, block.self_attn.echo_hook = recompute == "selective", hook
+            block.self_attn.echo_selective, block.self_attn.echo_hook = "core_attn" in selective, hook
             block.hook = hook  # the sequence-parallel plan labels its backward gathers with it
+            if "layernorm" in selective:
+                for name in _NORMS:
+                    if isinstance(getattr(block, name, None), nn.Module):
+                        _recompute_output(getattr(block, name), self.outputs)
+            if "mlp" in selective and not any(hf_moe.is_experts(m) for m in block.mlp.modules()):
+                block.mlp.forward = recomputed(block.mlp.forward, hook)  # a dense MLP, checkpointed
+            if "moe_act" in selective:
+                for m in block.mlp.modules():
+                    if hf_moe.is_experts(m):
+                        m.recompute_act = self.outputs
 
     def set_groups(self, groups: dict) -> None:
         for block in self.blocks:
@@ -178,7 +192,11 @@ class HFChunk(nn.Module):
         positions = torch.arange(s, device=local.device).unsqueeze(0)
         rope = self.rotary(local, positions)
         for block in self.blocks:
-            x = recomputed(self._layer(block), self.hook)(x, *rope) if self.full else self._layer(block)(x, *rope)
+            if self.full:
+                x = recomputed(self._layer(block), self.hook)(x, *rope)
+            else:
+                with self.outputs.saving() if self.outputs is not None else nullcontext():
+                    x = self._layer(block)(x, *rope)
         if self.last:
             x = self.head(self.ln_f(x))
         return x
@@ -190,11 +208,26 @@ class HFChunk(nn.Module):
         return run
 
 
+# the norms Megatron-Core's layernorm recompute covers: before attention and before the MLP
+# (transformers' names; the q / k norms inside attention are not among them)
+_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def _recompute_output(norm: nn.Module, outputs: RecomputedOutputs) -> None:
+    """The norm's output is not kept by its readers; backward recomputes it from the input."""
+    run = norm.forward
+
+    def forward(x):
+        return outputs.keep(run(x), lambda: run(x))
+    norm.forward = forward
+
+
 def build_hf_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[HFChunk]:
     """The chunks of pipeline rank ``pp_rank`` (layout as model.build_chunks), routed experts
     cut to this rank's 1/ep of them."""
     lm = build_hf_model(w.model)
-    chunks = [HFChunk(lm, slot.layers, first=slot.first, last=slot.last, recompute=w.training.recompute, hook=hook)
+    chunks = [HFChunk(lm, slot.layers, first=slot.first, last=slot.last, recompute=w.training.recompute, hook=hook,
+                      modules=w.training.recompute_modules)
               for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]
     for chunk in chunks:
         hf_moe.localize_experts(chunk, w.parallel.ep, w.model.expert_load)

@@ -6,7 +6,9 @@ a fake trace cannot take and that no GPU framework uses for training. Echo keeps
 router, shared experts and weights and replaces that module's forward with the path of
 moe.MoE: balanced routing (every local expert receives tokens x top_k x ep / experts rows, the
 capacity a load-balancing loss steers towards), all-to-all dispatch over the expert-parallel
-group, one batched GEMM per projection, all-to-all combine, weighted sum over the top_k.
+group (the routing weights with them), one batched GEMM per projection with the routing weight
+applied inside the fused activation (Megatron-Core's weighted_bias_swiglu / quick_geglu: the
+combine's sum over the top_k then keeps nothing for backward), all-to-all combine.
 With expert parallelism each rank keeps experts / ep of the weights.
 
 Imbalanced routing (``model.expert_load``, relative tokens per expert): expert e then receives
@@ -18,6 +20,7 @@ holds the heaviest group of experts / ep consecutive experts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -70,17 +73,20 @@ def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k
     """[tokens, h] in and out, as transformers' experts modules (indices and weights [tokens, k])."""
     tokens, h = hidden_states.shape
     k = top_k_index.shape[-1]
-    # one copy of each token per chosen expert, grouped by destination (balanced routing)
+    # one copy of each token per chosen expert, grouped by destination (balanced routing); the
+    # routing weights travel with them (Megatron's dispatcher sends the permuted probabilities)
     routed = _all_to_all(self, hidden_states.repeat_interleave(k, dim=0))
-    y = _project(self, routed.view(self.local_experts, -1, h), slice(None))
+    probs = _all_to_all(self, top_k_weights.reshape(-1, 1))
+    y = _project(self, routed.view(self.local_experts, -1, h), slice(None), probs.view(self.local_experts, -1, 1))
     y = _all_to_all(self, y.reshape(-1, h))
-    return (y.view(tokens, k, h) * top_k_weights.to(y.dtype).unsqueeze(-1)).sum(dim=1)
+    return y.view(tokens, k, h).sum(dim=1)
 
 
-def _project(self, x: torch.Tensor, e: int | slice) -> torch.Tensor:
+def _project(self, x: torch.Tensor, e: int | slice, probs: torch.Tensor) -> torch.Tensor:
     """Gate/up projection, activation and down projection of one expert (``e`` an index, x
     [rows, h]) or of all local experts at once (``e`` = slice(None), x [experts, rows, h], one
-    batched GEMM per projection)."""
+    batched GEMM per projection). ``probs`` ([..., rows, 1]): the rows' routing weights, applied
+    in the activation as Megatron-Core's fused weighted activations do."""
     h, batched = x.shape[-1], x.dim() == 3
     # FP8 training runs the expert GEMMs in FP8 too (Transformer Engine's GroupedLinear)
     matmul = fp8.expert_matmul if fp8.active() is not None else torch.bmm if batched else torch.mm
@@ -90,18 +96,31 @@ def _project(self, x: torch.Tensor, e: int | slice) -> torch.Tensor:
     gate_up = matmul(x, up if up.shape[-2] == h else up.transpose(-1, -2))
     if getattr(self, "gate_up_proj_bias", None) is not None:
         gate_up = gate_up + bias(self.gate_up_proj_bias)
-    if _plain_swiglu(type(self)) and type(getattr(self, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"):
-        gate, lin = gate_up.chunk(2, dim=-1)
-        act = fused.fused_swiglu(gate, lin)  # Megatron's fused SwiGLU (fused.py)
-    elif hasattr(self, "_apply_gate"):  # GPT-OSS: clamped, interleaved SwiGLU
-        act = self._apply_gate(gate_up)
-    else:
-        gate, lin = gate_up.chunk(2, dim=-1)
-        act = self.act_fn(gate) * lin
-    y = matmul(act, down if down.shape[-2] == act.shape[-1] else down.transpose(-1, -2))
+    act = _activation(self, gate_up, probs)
+    recompute = getattr(self, "recompute_act", None)
+    with recompute.saving() if recompute is not None else contextlib.nullcontext():
+        y = matmul(act, down if down.shape[-2] == act.shape[-1] else down.transpose(-1, -2))
     if getattr(self, "down_proj_bias", None) is not None:
         y = y + bias(self.down_proj_bias)
     return y
+
+
+def _activation(self, gate_up: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """The experts' weighted gated activation: one fused kernel where Megatron-Core has one (SwiGLU,
+    GPT-OSS's clamped gate), else transformers' ops. With ``moe_act`` recompute (``recompute_act``)
+    its output is not kept for the down projection's backward, which recomputes it."""
+    silu = type(getattr(self, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+    if _plain_swiglu(type(self)) and silu:
+        run = lambda: fused.fused_weighted_glu(gate_up, probs, "swiglu")  # noqa: E731
+    elif hasattr(self, "_apply_gate") and hasattr(self, "limit") and hasattr(self, "alpha"):  # GPT-OSS
+        run = lambda: fused.fused_weighted_glu(gate_up, probs, "clamped", self.limit, self.alpha, 1.0)  # noqa: E731
+    else:
+        def run():
+            gate, lin = gate_up.chunk(2, dim=-1)
+            return self.act_fn(gate) * lin * probs.to(gate_up.dtype)
+    act = run()
+    recompute = getattr(self, "recompute_act", None)
+    return recompute.keep(act, run) if recompute is not None else act
 
 
 @functools.cache
@@ -128,10 +147,16 @@ def _forward_imbalanced(self, hidden_states: torch.Tensor, top_k_index: torch.Te
         routed = funcol.all_to_all_single_autograd(routed, out_splits, in_splits, self.ep_group)
     else:
         routed = routed[:received] if received <= sent else torch.cat([routed] * -(-received // sent))[:received]
-    y = torch.cat([_project(self, x, e) for e, x in enumerate(routed.split(rows))])
+    probs = top_k_weights.reshape(-1, 1)
+    if self.ep > 1:
+        probs = funcol.all_to_all_single_autograd(probs, out_splits, in_splits, self.ep_group)
+    else:
+        probs = probs[:received] if received <= sent else torch.cat([probs] * -(-received // sent))[:received]
+    y = torch.cat([_project(self, x, e, p) for e, (x, p) in enumerate(zip(routed.split(rows), probs.split(rows),
+                                                                          strict=True))])
     if self.ep > 1:
         y = funcol.all_to_all_single_autograd(y, in_splits, out_splits, self.ep_group)
-    return (y.view(tokens, k, h) * top_k_weights.to(y.dtype).unsqueeze(-1)).sum(dim=1)
+    return y.view(tokens, k, h).sum(dim=1)
 
 
 def _all_to_all(self, t: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ dropout, and causal attention (fused or unfused, with context-parallel key/value
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -30,6 +31,53 @@ def recomputed(fn: Callable, hook: RecomputeHook) -> Callable:
             return checkpoint(run, *args, use_reentrant=False)
 
     return checkpointed
+
+
+class RecomputedOutputs:
+    """Megatron-Core's CheckpointWithoutOutput (``recompute_modules``: layernorm, moe_act): a
+    module's output is not kept for backward by the ops that read it; backward recomputes it from
+    the module's inputs (which stay saved by the module's own backward) the first time one of
+    them needs it, under ``hook()`` so that the tracer labels it recompute.
+
+    ``keep(y, fn)`` registers ``y``, made by ``fn()``; ``saving()`` is the saved-tensors context
+    under which its readers run: a tensor of a registered output's storage is saved as a handle,
+    every other one goes to the hooks outside (the memory meter's, checkpointing's)."""
+
+    def __init__(self, hook: RecomputeHook):
+        self.hook = hook
+        # storage -> (fn, its recomputed value); an entry goes with its output (storage
+        # addresses are reused once freed)
+        self.pending: dict[int, tuple[Callable, list]] = {}
+
+    def keep(self, y: torch.Tensor, fn: Callable) -> torch.Tensor:
+        if type(y) is not torch.Tensor and not isinstance(y, torch._subclasses.FakeTensor):
+            return y  # a DTensor (a sequence-parallel shard) stays saved as it is
+        key = y.untyped_storage()._cdata
+        self.pending[key] = (fn, [])
+        weakref.finalize(y, self.pending.pop, key, None)
+        return y
+
+    def saving(self) -> AbstractContextManager:
+        outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        pack_out, unpack_out = outer if outer is not None else (lambda t: t, lambda t: t)
+
+        def pack(t: torch.Tensor):
+            plain = type(t) is torch.Tensor or isinstance(t, torch._subclasses.FakeTensor)
+            entry = self.pending.get(t.untyped_storage()._cdata) if plain and self.pending else None
+            if entry is None:
+                return ("saved", pack_out(t))
+            return ("recompute", entry, t.shape, t.stride(), t.storage_offset())
+
+        def unpack(packed):
+            if packed[0] == "saved":
+                return unpack_out(packed[1])
+            _, (fn, value), shape, stride, offset = packed
+            if not value:  # the first reader's backward recomputes it; the others share it
+                with torch.no_grad(), self.hook():
+                    value.append(fn())
+            return value[0].as_strided(shape, stride, offset)
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:

@@ -161,6 +161,22 @@ def _stages(r: dict, settings: dict | None) -> list[int] | None:
     return stage_layers(layers, chunks)
 
 
+# training.recompute_modules Echo traces, and their letters in workload names
+_SHORT = {"core_attn": "a", "layernorm": "n", "moe_act": "x", "mlp": "m"}
+
+
+def recompute_modules(settings: dict | None) -> tuple[list[str], list[str]]:
+    """(modules Echo recomputes, modules it does not model) of a row's preset: its
+    recompute_modules list where its granularity is selective (a list the preset sets but leaves
+    inert, granularity unset, recomputes nothing)."""
+    s = settings or {}
+    if not s.get("recompute", "").startswith("selective"):
+        return [], []
+    listed = re.match(r"\s*\[([^\]]*)\]", s.get("recompute_modules", ""))
+    names = re.findall(r"'([a-z_]+)'", listed.group(1)) if listed else []
+    return [n for n in names if n in _SHORT], [n for n in names if n not in _SHORT]
+
+
 def _flag(settings: dict | None, key: str) -> bool | None:
     """A True / False column of the transcribed presets (None: not transcribed or unknown)."""
     value = (settings or {}).get(key, "").strip().lower()
@@ -170,8 +186,9 @@ def _flag(settings: dict | None, key: str) -> bool | None:
 def _notes(r: dict, settings: dict | None) -> list[str]:
     """What the row's preset runs that the workload does not express."""
     s, out = settings or {}, []
-    if s.get("recompute", "").startswith("selective") and "core_attn" not in s.get("recompute_modules", ""):
-        out.append(f"recompute of {s.get('recompute_modules')} (module recompute is not modelled: none traced)")
+    _, missing = recompute_modules(s)
+    if missing:
+        out.append(f"recompute of {missing} (not modelled: not recomputed)")
     if _flag(s, "moe_a2a_overlap") and _int(r["EP"]) > 1 and _int(r["PP"]) > 1 and _int(r["VP"]) <= 1:
         out.append("expert-parallel all-to-all overlap without virtual stages (not modelled)")
     if s.get("mtp_num_layers", "").startswith("1"):
@@ -189,9 +206,9 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
     dp = gpus // (tp * pp * cp)
     dtype, recipe = PRECISIONS[r["Precision"]]
     s = settings or {}
-    # Echo's selective recompute is the attention core's (Korthikanti et al.); other module lists are notes
-    recompute = "selective" if "core_attn" in s.get("recompute_modules", "") else \
-        "full" if s.get("recompute", "").startswith("full") else "none"
+    # the presets' selective recompute of the modules Echo traces (training.recompute_modules)
+    modules, _ = recompute_modules(s)
+    recompute = "selective" if modules else "full" if s.get("recompute", "").startswith("full") else "none"
     tp_overlap = tp > 1 and _flag(s, "tp_comm_overlap") is not False
     par = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": 1, "sequence_parallel": tp > 1,
            "schedule": "interleaved" if vp > 1 else "1f1b", **({"virtual_stages": vp} if vp > 1 else {})}
@@ -211,11 +228,12 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
     # cross_entropy_fusion_impl=te: the fused loss (the rows whose presets say nothing: Megatron's default, off)
     ce_fused = "cross_entropy_fusion_impl=te" in other
     training = {"global_batch": gbs, "micro_batch": mbs, "dtype": dtype, "recompute": recompute,
+                **({"recompute_modules": modules} if modules else {}),
                 **({"fp8_recipe": recipe} if recipe else {}), **({"fp8_param_gather": True} if fp8_gather else {}),
                 **({} if grad32 else {"grad_reduce_in_fp32": False}),
                 **({"cross_entropy_fusion": True} if ce_fused else {})}
     prec = (recipe or dtype).replace("current", "fp8cs")
-    suffix = ("" if tp_overlap == (tp > 1) else "-notpov") + ("" if recompute == "none" else f"-{recompute}") \
+    suffix = ("" if tp_overlap == (tp > 1) else "-notpov") + ("" if recompute == "none" else f"-{recompute}" if not modules else "-rc" + "".join(_SHORT[m] for m in modules)) \
         + ("-fp8ag" if fp8_gather else "") + ("-epov" if par.get("ep_comm_overlap") else "") + ("-g32" if grad32 else "") \
         + ("" if ce_fused else "-ceu")
     name = f"mbridge-{short}-{tag}-{prec}-{gpus}g-tp{tp}pp{pp}cp{cp}vp{vp}ep{ep}-gbs{gbs}mbs{mbs}{suffix}"

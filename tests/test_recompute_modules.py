@@ -1,0 +1,129 @@
+"""Megatron-Core's module recompute (training.recompute_modules) and the routed experts' fused
+weighted activation: numerics of the fused kernels, bytes kept for backward against hand-computed
+figures, the recompute ops in the trace, bad input refused with its key, and the Megatron-Bridge
+presets mapped onto it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+import torch
+
+from echo.config.loader import parse_workload
+from echo.errors import ConfigError
+from echo.trace.step import trace_rank
+from echo.training import fused
+from echo.validate.bridge import recompute_modules
+
+REPO = Path(__file__).resolve().parents[1]
+H, F, EXPERTS, TOP_K, SEQ, LAYERS = 256, 128, 8, 4, 256, 2
+GPT_OSS = {"num_hidden_layers": LAYERS, "layer_types": ["sliding_attention", "full_attention"],
+           "hidden_size": H, "intermediate_size": F, "num_attention_heads": 8, "num_key_value_heads": 4,
+           "head_dim": 32, "num_local_experts": EXPERTS, "vocab_size": 1024}
+
+
+def _workload(modules: list[str] | None, config: str = "gpt-oss-120b", overrides: dict = GPT_OSS):
+    training = {"global_batch": 2, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}
+    if modules is not None:
+        training |= {"recompute": "selective", "recompute_modules": modules}
+    return parse_workload({"name": "rc", "model": {"hf_config": f"config/models/{config}.json", "seq_len": SEQ,
+                                                   "hf_overrides": overrides},
+                           "parallel": {"tp": 1, "pp": 1, "dp": 2, "ep": 2, "zero": 1},
+                           "training": training}, REPO / "config/workloads/rc.yaml")
+
+
+@pytest.mark.parametrize("kind, args", [("swiglu", ()), ("clamped", (0.7, 1.702, 1.0))])
+def test_weighted_glu_matches_its_reference_forward_and_backward(kind, args):
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(2, 6, 1, dtype=torch.float64, requires_grad=True)
+    y = fused.fused_weighted_glu(x, w, kind, *args)
+    ref = fused._glu_reference(x, w, kind, *(args or (0.0, 1.0, 0.0)))
+    g = torch.randn_like(y)
+    assert torch.allclose(y, ref, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(y, (x, w), g), torch.autograd.grad(ref, (x, w), g), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def _saved(w) -> tuple[int, Counter]:
+    out = trace_rank(w, 0)
+    ops = out["ops"]
+    recomputed = Counter(ops.filter(pc.equal(ops["phase"], "recompute"))["name"].to_pylist())
+    return out["ranks"]["activation_bytes_per_microbatch"][0].as_py(), recomputed
+
+
+def test_layernorm_and_moe_act_recompute_drop_their_outputs():
+    """Per layer, layernorm recompute drops the two norm outputs (tokens x h bf16 each) and moe_act
+    the experts' activation output (tokens x top_k routed rows x f bf16, balanced routing over
+    ep 2: each rank's experts receive as many rows as it sends); backward recomputes each once."""
+    base, none = _saved(_workload(None))
+    tokens = SEQ
+    norm, act = 2 * tokens * H * 2, tokens * TOP_K * F * 2
+    assert not none
+    saved, rc = _saved(_workload(["layernorm"]))
+    assert base - saved == LAYERS * norm and rc == {"echo.rms_norm.default": 2 * LAYERS}
+    saved, rc = _saved(_workload(["moe_act"]))
+    assert base - saved == LAYERS * act and rc == {"echo.weighted_glu.default": LAYERS}
+    saved, rc = _saved(_workload(["layernorm", "moe_act"]))
+    assert base - saved == LAYERS * (norm + act)
+
+
+def test_mlp_recompute_checkpoints_the_dense_mlps_only():
+    """DeepSeek-V3 shrunk to one dense and one MoE layer: mlp recompute re-runs the dense MLP's
+    three GEMMs in backward and keeps only its input (the norm output, which attention also
+    reads); the MoE layer is untouched."""
+    overrides = {"num_hidden_layers": 2, "first_k_dense_replace": 1, "hidden_size": H, "intermediate_size": 2 * H,
+                 "moe_intermediate_size": F, "n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_group": 1,
+                 "topk_group": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64,
+                 "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
+                 "vocab_size": 1024}
+    base, _ = _saved(_workload(None, "deepseek-v3", overrides))
+    saved, rc = _saved(_workload(["mlp"], "deepseek-v3", overrides))
+    # gate, up and the SwiGLU output ([tokens, 2H] each, bf16) are no longer kept
+    assert base - saved == 3 * SEQ * 2 * H * 2
+    assert rc["aten.mm.default"] == 3 and rc["echo.swiglu.default"] == 1
+
+
+@pytest.mark.parametrize("training, key", [
+    ({"recompute": "none", "recompute_modules": ["layernorm"]}, "training.recompute_modules"),
+    ({"recompute": "selective", "recompute_modules": ["layernorm", "layernorm"]}, "training.recompute_modules"),
+    ({"recompute": "selective", "recompute_modules": ["mla_up_proj"]}, "training.recompute_modules"),
+])
+def test_bad_recompute_modules_are_refused_with_their_key(training, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        parse_workload({"name": "rc", "model": {"hf_config": "config/models/gpt-oss-120b.json", "seq_len": SEQ,
+                                                "hf_overrides": GPT_OSS},
+                        "parallel": {"tp": 1, "pp": 1, "dp": 2, "ep": 2, "zero": 1},
+                        "training": {"global_batch": 2, "micro_batch": 1, "dtype": "bf16", **training}},
+                       REPO / "config/workloads/rc.yaml")
+
+
+def test_moe_act_on_a_dense_model_and_modules_on_a_builtin_model_are_refused():
+    dense = {"hidden_size": H, "intermediate_size": 2 * H, "num_attention_heads": 4, "num_key_value_heads": 4,
+             "num_hidden_layers": 2, "vocab_size": 1024}
+    with pytest.raises(ConfigError, match="no experts"):
+        parse_workload({"name": "rc", "model": {"hf_config": "config/models/llama-3.1-8b.json", "seq_len": SEQ,
+                                                "hf_overrides": dense},
+                        "parallel": {"dp": 2}, "training": {"global_batch": 2, "recompute": "selective",
+                                                            "recompute_modules": ["moe_act"]}},
+                       REPO / "config/workloads/rc.yaml")
+    with pytest.raises(ConfigError, match="hf_config models only"):
+        parse_workload({"name": "rc", "model": {"arch": "gpt", "layers": 2, "hidden": 64, "heads": 4, "seq_len": 64,
+                                                "vocab": 128},
+                        "parallel": {"dp": 2}, "training": {"global_batch": 2, "recompute": "selective",
+                                                            "recompute_modules": ["layernorm"]}},
+                       REPO / "config/workloads/rc.yaml")
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({"recompute": "selective", "recompute_modules": "['layernorm', 'moe_act']"}, (["layernorm", "moe_act"], [])),
+    ({"recompute": "selective", "recompute_modules": "['mla_up_proj', 'mlp']"}, (["mlp"], ["mla_up_proj"])),
+    # a list the preset sets while the granularity stays unset recomputes nothing
+    ({"recompute": "none", "recompute_modules": "['layernorm', 'moe_act'] set by preset but inert"}, ([], [])),
+    ({"recompute": "selective (DeepSeek common config) ; modules unknown", "recompute_modules": "unknown"}, ([], [])),
+])
+def test_bridge_presets_map_to_recompute_modules(settings, expected):
+    assert recompute_modules(settings) == expected
