@@ -71,15 +71,36 @@ def test_layernorm_and_moe_act_recompute_drop_their_outputs():
     assert base - saved == LAYERS * (norm + act)
 
 
+DEEPSEEK = {"num_hidden_layers": 2, "first_k_dense_replace": 1, "hidden_size": H, "intermediate_size": 2 * H,
+            "moe_intermediate_size": F, "n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_group": 1,
+            "topk_group": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64,
+            "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
+            "vocab_size": 1024}
+
+
+def test_mla_up_proj_recompute_keeps_the_latents_only():
+    """mla_up_proj: Echo's MLA forward runs transformers' ops in forward (the same ops; both
+    down-projections before the up-projections, as Megatron-Core orders them); the attention kernel's queries, keys and values (4 heads x (48 + 48 + 32) bf16 per
+    token and layer; the values counted unpadded) are no longer kept, and backward runs the two
+    up-projections again per layer."""
+    def forward_ops(w):
+        out = trace_rank(w, 0)
+        ops = out["ops"]
+        fwd = ops.filter(pc.equal(ops["phase"], "forward"))["name"].to_pylist()
+        return out["ranks"]["activation_bytes_per_microbatch"][0].as_py(), fwd, ops
+    base, fwd_base, _ = forward_ops(_workload(None, "deepseek-v3", DEEPSEEK))
+    saved, fwd, ops = forward_ops(_workload(["mla_up_proj"], "deepseek-v3", DEEPSEEK))
+    assert Counter(fwd) == Counter(fwd_base)
+    assert base - saved == LAYERS * SEQ * 4 * (48 + 48 + 32) * 2
+    recomputed = ops.filter(pc.equal(ops["phase"], "recompute"))["name"].to_pylist()
+    assert Counter(recomputed)["aten.mm.default"] == 2 * LAYERS
+
+
 def test_mlp_recompute_checkpoints_the_dense_mlps_only():
     """DeepSeek-V3 shrunk to one dense and one MoE layer: mlp recompute re-runs the dense MLP's
     three GEMMs in backward and keeps only its input (the norm output, which attention also
     reads); the MoE layer is untouched."""
-    overrides = {"num_hidden_layers": 2, "first_k_dense_replace": 1, "hidden_size": H, "intermediate_size": 2 * H,
-                 "moe_intermediate_size": F, "n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_group": 1,
-                 "topk_group": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64,
-                 "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
-                 "vocab_size": 1024}
+    overrides = DEEPSEEK
     base, _ = _saved(_workload(None, "deepseek-v3", overrides))
     saved, rc = _saved(_workload(["mlp"], "deepseek-v3", overrides))
     # gate, up and the SwiGLU output ([tokens, 2H] each, bf16) are no longer kept
@@ -90,7 +111,8 @@ def test_mlp_recompute_checkpoints_the_dense_mlps_only():
 @pytest.mark.parametrize("training, key", [
     ({"recompute": "none", "recompute_modules": ["layernorm"]}, "training.recompute_modules"),
     ({"recompute": "selective", "recompute_modules": ["layernorm", "layernorm"]}, "training.recompute_modules"),
-    ({"recompute": "selective", "recompute_modules": ["mla_up_proj"]}, "training.recompute_modules"),
+    ({"recompute": "selective", "recompute_modules": ["mla_up_proj"]}, "training.recompute_modules"),  # no MLA
+    ({"recompute": "selective", "recompute_modules": ["shared_experts"]}, "training.recompute_modules"),
 ])
 def test_bad_recompute_modules_are_refused_with_their_key(training, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -140,12 +140,13 @@ class TrainingConfig(BaseModel):
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="activation recomputation: none; selective (the modules of recompute_modules); full "
         "(every layer from its input, Megatron's full granularity)")
-    recompute_modules: list[Literal["core_attn", "layernorm", "moe_act", "mlp"]] = Field(
+    recompute_modules: list[Literal["core_attn", "layernorm", "moe_act", "mlp", "mla_up_proj"]] = Field(
         default_factory=lambda: ["core_attn"], description="with recompute: selective, Megatron-Core's --recompute-modules (default "
         "core_attn): core_attn re-runs the attention core in backward (Korthikanti et al.); layernorm and moe_act "
         "keep their input and not their output, which backward recomputes (CheckpointWithoutOutput: the norms "
-        "before attention and MLP; the routed experts' activation); mlp checkpoints each dense MLP (hf_config "
-        "models; layernorm, moe_act and mlp need one)")
+        "before attention and MLP; the routed experts' activation); mlp checkpoints each dense MLP; mla_up_proj "
+        "keeps MLA's latents and recomputes the up-projections and RoPE (DeepSeek). All but core_attn need an "
+        "hf_config model")
     fp8_recipe: Literal["delayed", "current", "mxfp8", "blockwise", "nvfp4"] | None = Field(
         None, description="how FP8 tensors are scaled (dtype fp8 only). delayed: per-tensor scales from an amax "
         "history, amaxes all-reduced once per step (Transformer Engine's default on Hopper); current: per-tensor "
@@ -266,6 +267,8 @@ class Workload(BaseModel):
              f"{sorted(set(modules) - {'core_attn'})} are traced for hf_config models only")
         need("moe_act" not in modules or m.experts > 0, "training.recompute_modules",
              "moe_act recomputes the routed experts' activation; the model has no experts")
+        need("mla_up_proj" not in modules or bool((m.hf_config or {}).get("kv_lora_rank")), "training.recompute_modules",
+             "mla_up_proj recomputes multi-head latent attention's up-projections; the model has no kv_lora_rank")
         need(t.grad_reduce_in_fp32 or p.zero < 3, "training.grad_reduce_in_fp32",
              "FSDP2 (zero 3) reduces gradients in fp32 as torchtitan runs it; a compute-dtype reduction is not modelled")
         need(not p.ep_comm_overlap or p.ep > 1, "parallel.ep_comm_overlap",

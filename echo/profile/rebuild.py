@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 import echo.training.fp8  # noqa: F401  (registers echo::quantize, which FP8 traces record)
+import echo.training.fused  # noqa: F401  (registers echo::rms_norm, rope, swiglu, weighted_glu, cross_entropy)
 
 Args = tuple[list[Any], dict[str, Any]]
 

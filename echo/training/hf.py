@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from echo.config.workload import ModelConfig, Workload
 from echo.errors import ConfigError
-from echo.training import fused, hf_moe
+from echo.training import fused, hf_mla, hf_moe
 from echo.training.layers import RecomputedOutputs, RecomputeHook, attention_core, recomputed
 from echo.training.layout import chunk_slots
 
@@ -37,8 +37,8 @@ def _echo_attention(module, query, key, value, attention_mask, scaling=None, dro
     group = query.shape[1] // key.shape[1]
     if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
-    d_v = value.shape[-1]
-    if d_v < query.shape[-1]:
+    d_v = getattr(value, "echo_head_dim", None) or value.shape[-1]  # hf_mla pads MLA's values itself
+    if value.shape[-1] < query.shape[-1]:
         # MLA (DeepSeek): q/k heads of 192, v heads of 128. The CPU's kernel takes one head size, so
         # v is padded and the output cut, as transformers' own flash-attention path does for MLA
         value = F.pad(value, [0, query.shape[-1] - d_v])
@@ -161,8 +161,10 @@ class HFChunk(nn.Module):
         self.hf_tp_plan = dict(getattr(lm.config, "base_model_tp_plan", None) or {})
         selective = set(modules or ["core_attn"]) if recompute == "selective" else set()
         # layernorm / moe_act: outputs the readers do not keep (layers.RecomputedOutputs)
-        self.outputs = RecomputedOutputs(hook) if selective & {"layernorm", "moe_act"} else None
+        self.outputs = RecomputedOutputs(hook) if selective & {"layernorm", "moe_act", "mla_up_proj"} else None
         for block in self.blocks:
+            if "mla_up_proj" in selective and hf_mla.is_mla(block.self_attn):
+                hf_mla.recompute_up_projections(block.self_attn, self.outputs)
             block.self_attn.echo_selective, block.self_attn.echo_hook = "core_attn" in selective, hook
             block.hook = hook  # the sequence-parallel plan labels its backward gathers with it
             if "layernorm" in selective:

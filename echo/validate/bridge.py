@@ -162,7 +162,7 @@ def _stages(r: dict, settings: dict | None) -> list[int] | None:
 
 
 # training.recompute_modules Echo traces, and their letters in workload names
-_SHORT = {"core_attn": "a", "layernorm": "n", "moe_act": "x", "mlp": "m"}
+_SHORT = {"core_attn": "a", "layernorm": "n", "moe_act": "x", "mlp": "m", "mla_up_proj": "q"}
 
 
 def recompute_modules(settings: dict | None) -> tuple[list[str], list[str]]:
