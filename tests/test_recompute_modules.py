@@ -25,13 +25,15 @@ GPT_OSS = {"num_hidden_layers": LAYERS, "layer_types": ["sliding_attention", "fu
            "head_dim": 32, "num_local_experts": EXPERTS, "vocab_size": 1024}
 
 
-def _workload(modules: list[str] | None, config: str = "gpt-oss-120b", overrides: dict = GPT_OSS):
+def _workload(modules: list[str] | None, config: str = "gpt-oss-120b", overrides: dict = GPT_OSS,
+              dispatcher: str = "alltoall"):
     training = {"global_batch": 2, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}
     if modules is not None:
         training |= {"recompute": "selective", "recompute_modules": modules}
     return parse_workload({"name": "rc", "model": {"hf_config": f"config/models/{config}.json", "seq_len": SEQ,
                                                    "hf_overrides": overrides},
-                           "parallel": {"tp": 1, "pp": 1, "dp": 2, "ep": 2, "zero": 1},
+                           "parallel": {"tp": 1, "pp": 1, "dp": 2, "ep": 2, "zero": 1,
+                                        "moe_dispatcher": dispatcher},
                            "training": training}, REPO / "config/workloads/rc.yaml")
 
 
@@ -142,10 +144,28 @@ def test_moe_act_on_a_dense_model_and_modules_on_a_builtin_model_are_refused():
 
 @pytest.mark.parametrize("settings, expected", [
     ({"recompute": "selective", "recompute_modules": "['layernorm', 'moe_act']"}, (["layernorm", "moe_act"], [])),
-    ({"recompute": "selective", "recompute_modules": "['mla_up_proj', 'mlp']"}, (["mlp"], ["mla_up_proj"])),
+    ({"recompute": "selective", "recompute_modules": "['mla_up_proj', 'mlp']"}, (["mla_up_proj", "mlp"], [])),
+    ({"recompute": "selective", "recompute_modules": "['moe', 'mlp']"}, (["mlp"], ["moe"])),
     # a list the preset sets while the granularity stays unset recomputes nothing
     ({"recompute": "none", "recompute_modules": "['layernorm', 'moe_act'] set by preset but inert"}, ([], [])),
     ({"recompute": "selective (DeepSeek common config) ; modules unknown", "recompute_modules": "unknown"}, ([], [])),
 ])
 def test_bridge_presets_map_to_recompute_modules(settings, expected):
     assert recompute_modules(settings) == expected
+
+
+def test_alltoall_dispatcher_sorts_the_received_chunks_and_flex_does_not():
+    """Megatron's alltoall dispatcher sorts the received [source rank][local expert] chunks into
+    expert order and back before the combine (the tokens, their weights and the experts' output:
+    one copy each way, forward and backward); the flex dispatcher does not. The GEMMs and the
+    bytes kept for backward are the same."""
+    def trace(dispatcher):
+        out = trace_rank(_workload(None, dispatcher=dispatcher), 0)
+        ops = out["ops"]
+        mm = pc.sum(ops.filter(pc.equal(ops["op_class"], "gemm"))["flops"]).as_py()
+        return ops, mm, out["ranks"]["activation_bytes_per_microbatch"][0].as_py()
+    sorted_ops, mm_sorted, saved_sorted = trace("alltoall")
+    flex_ops, mm_flex, saved_flex = trace("flex")
+    assert mm_sorted == mm_flex and saved_sorted == saved_flex
+    copies = lambda ops: Counter(n for n in ops["name"].to_pylist() if n in ("aten.clone.default", "aten.copy_.default"))  # noqa: E731
+    assert sum(copies(sorted_ops).values()) - sum(copies(flex_ops).values()) == 6 * LAYERS

@@ -98,6 +98,12 @@ class ParallelConfig(BaseModel):
         False, description="Transformer Engine's --tp-comm-overlap (userbuffers): each sequence-parallel "
         "all-gather / reduce-scatter is pipelined in tp chunks with the GEMM that consumes / produces it "
         "(needs sequence_parallel and tp > 1; simulation only)")
+    moe_dispatcher: Literal["alltoall", "flex"] = Field(
+        "alltoall", description="Megatron-Core's --moe-token-dispatcher-type for expert parallelism: alltoall "
+        "(tokens permuted by expert, all-to-all, then the received chunks sorted from source-rank order to "
+        "local-expert order, and back before the combine: two more passes over the routed rows per "
+        "direction); flex (DeepEP / HybridEP: the dispatch hands each local expert its rows, no chunk sort; "
+        "their per-rank deduplication of the sent tokens is not modelled)")
     ep_comm_overlap: bool = Field(
         False, description="Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B, as DeepSeek-V3's "
         "DualPipe overlaps): in steady state a forward and a backward of two micro-batches run interleaved at "

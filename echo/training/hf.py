@@ -232,5 +232,5 @@ def build_hf_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext
                       modules=w.training.recompute_modules)
               for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]
     for chunk in chunks:
-        hf_moe.localize_experts(chunk, w.parallel.ep, w.model.expert_load)
+        hf_moe.localize_experts(chunk, w.parallel.ep, w.model.expert_load, w.parallel.moe_dispatcher)
     return chunks

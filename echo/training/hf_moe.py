@@ -48,9 +48,9 @@ def heaviest_group(load: list[float], ep: int) -> list[float]:
     return [x / total for x in max(groups, key=sum)]
 
 
-def localize_experts(chunk: nn.Module, ep: int, load: list[float] | None = None) -> None:
+def localize_experts(chunk: nn.Module, ep: int, load: list[float] | None = None, dispatcher: str = "alltoall") -> None:
     """Cut every experts module of ``chunk`` to its 1/ep share and give it the Megatron path
-    (balanced, or by ``load``: relative tokens per expert)."""
+    (balanced, or by ``load``: relative tokens per expert; ``dispatcher``: parallel.moe_dispatcher)."""
     for m in chunk.modules():
         if not is_experts(m):
             continue
@@ -64,7 +64,7 @@ def localize_experts(chunk: nn.Module, ep: int, load: list[float] | None = None)
             new = nn.Parameter(param.new_empty((local, *param.shape[1:])))
             new.echo_expert = True
             setattr(m, name, new)
-        m.local_experts, m.ep, m.ep_group = local, ep, None
+        m.local_experts, m.ep, m.ep_group, m.dispatcher = local, ep, None, dispatcher
         m.shares = heaviest_group(load, ep) if load else None
         m.forward = types.MethodType(_forward if load is None else _forward_imbalanced, m)
 
@@ -75,11 +75,22 @@ def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k
     k = top_k_index.shape[-1]
     # one copy of each token per chosen expert, grouped by destination (balanced routing); the
     # routing weights travel with them (Megatron's dispatcher sends the permuted probabilities)
-    routed = _all_to_all(self, hidden_states.repeat_interleave(k, dim=0))
-    probs = _all_to_all(self, top_k_weights.reshape(-1, 1))
+    routed = _sort_chunks(self, _all_to_all(self, hidden_states.repeat_interleave(k, dim=0)))
+    probs = _sort_chunks(self, _all_to_all(self, top_k_weights.reshape(-1, 1)))
     y = _project(self, routed.view(self.local_experts, -1, h), slice(None), probs.view(self.local_experts, -1, 1))
-    y = _all_to_all(self, y.reshape(-1, h))
+    y = _all_to_all(self, _sort_chunks(self, y.reshape(-1, h), back=True))
     return y.view(tokens, k, h).sum(dim=1)
+
+
+def _sort_chunks(self, t: torch.Tensor, back: bool = False) -> torch.Tensor:
+    """Megatron's alltoall dispatcher: the all-to-all delivers [source rank][local expert] chunks,
+    which it sorts into [local expert][source rank] order for the grouped GEMM, and back before
+    the combine (sort_chunks_by_idxs; a copy of the routed rows each way). The flex dispatcher
+    (DeepEP, HybridEP) delivers them grouped by expert."""
+    if self.ep == 1 or self.local_experts == 1 or getattr(self, "dispatcher", "alltoall") != "alltoall":
+        return t
+    a, b = (self.local_experts, self.ep) if back else (self.ep, self.local_experts)
+    return t.view(a, b, -1, t.shape[-1]).transpose(0, 1).reshape(t.shape)
 
 
 def _project(self, x: torch.Tensor, e: int | slice, probs: torch.Tensor) -> torch.Tensor:

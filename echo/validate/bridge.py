@@ -220,6 +220,10 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
     # modelled apart: the backward's pieces between all-to-alls keep their weight-gradient GEMMs)
     if _flag(s, "moe_a2a_overlap") and ep > 1 and (pp == 1 or vp > 1):
         par["ep_comm_overlap"] = True
+    # the presets' token dispatcher: alltoall, or flex (DeepEP / HybridEP); unknown: alltoall
+    flex = ep > 1 and s.get("moe_dispatcher", "").startswith("flex")
+    if flex:
+        par["moe_dispatcher"] = "flex"
     # the presets' FP8 parameter gathers (fp8_param_gather=True in their mixed-precision recipe)
     fp8_gather = bool(recipe) and "fp8_param_gather=true" in s.get("fp8_recipe", "").replace(" ", "").lower()
     # the perf presets' mixed_precision.grad_reduce_in_fp32=False: bf16 gradient buffers and reductions
@@ -234,7 +238,7 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
                 **({"cross_entropy_fusion": True} if ce_fused else {})}
     prec = (recipe or dtype).replace("current", "fp8cs")
     suffix = ("" if tp_overlap == (tp > 1) else "-notpov") + ("" if recompute == "none" else f"-{recompute}" if not modules else "-rc" + "".join(_SHORT[m] for m in modules)) \
-        + ("-fp8ag" if fp8_gather else "") + ("-epov" if par.get("ep_comm_overlap") else "") + ("-g32" if grad32 else "") \
+        + ("-fp8ag" if fp8_gather else "") + ("-flex" if flex else "") + ("-epov" if par.get("ep_comm_overlap") else "") + ("-g32" if grad32 else "") \
         + ("" if ce_fused else "-ceu")
     name = f"mbridge-{short}-{tag}-{prec}-{gpus}g-tp{tp}pp{pp}cp{cp}vp{vp}ep{ep}-gbs{gbs}mbs{mbs}{suffix}"
     w = {"description": "", "model": {"hf_config": f"config/models/{tag}.json", "seq_len": seq},
