@@ -40,6 +40,17 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
+def positive(text: str) -> float:
+    """A number > 0 (``--tokens 15e12``, ``--days 54``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
 def _paths(results: Path, workload: str = "", hardware: str = "", topology: str = "") -> dict[str, Path]:
     """The workflow's artifact paths (echo.workflow.paths) under ``results`` for the given names."""
     from echo.workflow import paths
@@ -265,6 +276,32 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from echo.config import load_hardware, load_site, load_topology, load_workload
+    from echo.io import read_parquet
+    from echo.plan import plan
+
+    workload = load_workload(args.workload, root=args.config_dir)
+    hardware = load_hardware(args.hardware, root=args.config_dir)
+    topology = load_topology(args.topology, root=args.config_dir)
+    site = load_site(args.site, root=args.config_dir)
+    path = args.summary or _paths(args.results, args.workload, args.hardware, args.topology)["simulate_dir"] / "summary.parquet"
+    _need(path, hint=f"simulate it first: snakemake {path} --cores N (or python -m echo simulate ...)")
+    rows = read_parquet(path).to_pylist()
+    if len(rows) != 1 or rows[0]["workload"] != args.workload:
+        raise ConfigError(path, "workload", f"expected one summary row of workload {args.workload}, found "
+                          f"{[r['workload'] for r in rows]}")
+    result = plan(workload, hardware, topology, site, rows[0], args.tokens, days=args.days,
+                  interval_steps=args.checkpoint_every, usd_per_gpu_hour=args.usd_per_gpu_hour)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1, default=float))
+        return 0
+    from echo.plan.report import plan_text
+
+    print(plan_text(result))
+    return 0
+
+
 def cmd_versions(args: argparse.Namespace) -> int:
     from echo.workflow.versions import STAGE_MODULES, code_version
 
@@ -360,6 +397,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the layer templates' cache (default results/templates, shared by every search)")
     p.add_argument("--verify", type=int, default=None,
                    help="layouts whose composed rank is compared with a full trace (default: the spec's verify)")
+
+    p = add("plan", cmd_plan, "time-to-train, interruptions, effective training time, checkpoints, cost and energy "
+            "of a simulated workload (its summary.parquet) on a site's failure rates, storage and power")
+    p.add_argument("workload")
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--topology", required=True)
+    p.add_argument("--tokens", type=positive, required=True, help="tokens to train on, e.g. 15e12")
+    p.add_argument("--site", default="meta-llama3-h100", help="a config/sites/ file (default: meta-llama3-h100)")
+    p.add_argument("--days", type=positive, default=None, help="also the expected interruptions over this many days")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint interval in steps (default: the interval that maximizes goodput, Daly 2006)")
+    p.add_argument("--usd-per-gpu-hour", type=positive, default=None, help="price of a GPU-hour (default: the site's)")
+    p.add_argument("--summary", type=Path, default=None,
+                   help="a summary.parquet (default: RESULTS/simulate/WORKLOAD/HARDWARE/TOPOLOGY/summary.parquet)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
     add("versions", cmd_versions, "print each stage's code version (what the workflow's params compare)")
 

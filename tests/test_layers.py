@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("echo.trace", "echo.network", "echo.overlap"),
     ("echo.dedup", "echo.profile"),          # both read what the tracer records
     ("echo.simulate",),                      # costs collectives with the network model
+    ("echo.plan",),                          # a whole run from a simulated step (failures, cost, energy)
     ("echo.report",),
     ("echo.validate", "echo.sweep"),
     ("echo.fit",),                           # fits hardware figures by tracing and simulating

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from echo.config.figure import Figure
+
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
@@ -21,6 +23,14 @@ class PeakTflops(BaseModel):
                                       "block-scaled FP8 rate; None: the GPU has no FP8 tensor cores (A100)")
     fp4: PositiveFloat | None = Field(None, description="FP4 (NVFP4 / MXFP4) tensor-core peak; None: no FP4 "
                                       "tensor cores (before Blackwell)")
+
+
+class GpuPower(BaseModel):
+    """A GPU's board power (echo.plan.energy: energy and its cost of a run)."""
+
+    model_config = _STRICT
+    tdp_w: Figure = Field(description="board power limit, W: what a GPU draws at full load")
+    idle_w: Figure = Field(description="draw of an idle GPU in a running job (clocks up, no kernels), W")
 
 
 class Provenance(BaseModel):
@@ -188,3 +198,5 @@ class Hardware(BaseModel):
     memory_gib: PositiveFloat
     hbm_GBps: PositiveFloat
     compute_model: ComputeModel
+    power: GpuPower | None = Field(None, description="board power for energy figures (python -m echo plan); "
+                                   "None: energy is not estimated")

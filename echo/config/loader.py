@@ -11,12 +11,13 @@ from pydantic import BaseModel, ValidationError
 
 from echo.config.hardware import Hardware
 from echo.config.hf import expand_model_section
+from echo.config.site import Site
 from echo.config.topology import Topology
 from echo.config.workload import Workload
 from echo.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).resolve().parents[2] / "config"
-_KINDS = {"workload": "workloads", "hardware": "hardware", "topology": "topologies"}
+_KINDS = {"workload": "workloads", "hardware": "hardware", "topology": "topologies", "site": "sites"}
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -87,6 +88,10 @@ def parse_topology(data: dict, path: Path) -> Topology:
     return _validate(Topology, data, path)
 
 
+def parse_site(data: dict, path: Path) -> Site:
+    return _validate(Site, data, path)
+
+
 def load_workload(name: str, root: Path | None = None) -> Workload:
     path = config_path("workload", name, root)
     return parse_workload(read_yaml(path), path)
@@ -100,6 +105,11 @@ def load_hardware(name: str, root: Path | None = None) -> Hardware:
 def load_topology(name: str, root: Path | None = None) -> Topology:
     path = config_path("topology", name, root)
     return parse_topology(read_yaml(path), path)
+
+
+def load_site(name: str, root: Path | None = None) -> Site:
+    path = config_path("site", name, root)
+    return parse_site(read_yaml(path), path)
 
 
 def check_placement(workload: Workload, topology: Topology, topology_path: Path | str) -> None:

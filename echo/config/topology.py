@@ -157,6 +157,9 @@ class Topology(BaseModel):
         None, description="GPUs of each node a job's ranks fill, in rank order, the others left idle (default: "
         "gpus_per_node). GB200/GB300 NVL72 jobs commonly run 64 of a rack's 72 GPUs (16 of 18 compute trays) so "
         "that power-of-two TP/EP groups stay in one rack")
+    gpus_per_host: PositiveInt | None = Field(
+        None, description="GPUs of one server (its CPUs, memory, NICs, power supplies), whose failure stops them "
+        "all (default: gpus_per_node; an NVL72 rack's compute tray holds 4)")
     intra_node: IntraNode
     inter_node: InterNode
     bus_efficiency: float = Field(0.8, gt=0, le=1, description="achievable fraction of link bandwidth for large collectives")
@@ -168,10 +171,17 @@ class Topology(BaseModel):
 
     @model_validator(mode="after")
     def _ranks_fit_a_node(self) -> Topology:
+        if self.gpus_per_host is not None and self.gpus_per_node % self.gpus_per_host:
+            raise ValueError(f"gpus_per_host {self.gpus_per_host} does not divide gpus_per_node {self.gpus_per_node}")
         if self.ranks_per_node is not None and self.ranks_per_node > self.gpus_per_node:
             raise ValueError(f"ranks_per_node {self.ranks_per_node} is more than the node's gpus_per_node "
                              f"{self.gpus_per_node}")
         return self
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs of one server (echo.plan.reliability: a host's failure stops them all)."""
+        return self.gpus_per_host or self.gpus_per_node
 
     @property
     def node_ranks(self) -> int:
