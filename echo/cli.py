@@ -51,6 +51,18 @@ def positive(text: str) -> float:
     return value
 
 
+def straggler(text: str) -> tuple[int, float]:
+    """``RANK:FACTOR`` (``--straggler 17:1.1``)."""
+    rank, sep, factor = text.partition(":")
+    try:
+        pair = int(rank), float(factor)
+    except ValueError:
+        pair = None
+    if not sep or pair is None or pair[0] < 0 or not pair[1] > 0:
+        raise argparse.ArgumentTypeError(f"not RANK:FACTOR with a rank >= 0 and a factor > 0: {text!r}")
+    return pair
+
+
 def _paths(results: Path, workload: str = "", hardware: str = "", topology: str = "") -> dict[str, Path]:
     """The workflow's artifact paths (echo.workflow.paths) under ``results`` for the given names."""
     from echo.workflow import paths
@@ -141,8 +153,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _need(p["network"], hint=f"run `python -m echo calibrate --topology {t}` first")
     # the overlap rule's measured slowdown when it has run (cpu hardware); GPUs use published figures
     measured = p["overlap"]
+    stragglers = dict(args.straggler or [])
+    if stragglers and max(stragglers) >= workload.world_size:
+        raise ConfigError(config_path("workload", w, args.config_dir), "parallel",
+                          f"--straggler rank {max(stragglers)} is not in the job (world size {workload.world_size})")
     run_simulate(workload, hardware, topology, p["trace_dir"], p["rank_classes"], p["kernels"],
-                 p["calib_dir"], p["simulate_dir"], overlap=measured if measured.exists() else None)
+                 p["calib_dir"], p["simulate_dir"], overlap=measured if measured.exists() else None,
+                 stragglers=stragglers)
     from echo.report.audit import summaries_table
 
     print(summaries_table([p["simulate_dir"] / "summary.parquet"], args.results))
@@ -350,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", required=True)
     p.add_argument("--hardware", required=True)
     p.add_argument("--topology", required=True)
+    p.add_argument("--straggler", type=straggler, action="append", metavar="RANK:FACTOR",
+                   help="a GPU whose kernels take FACTOR times as long (e.g. 17:1.1); may be repeated")
 
     p = add("audit", cmd_audit, "SQL over all results (DuckDB views); without SQL, list the views")
     p.add_argument("sql", nargs="?", default=None, help="a query, or - to read it from stdin")

@@ -197,3 +197,14 @@ def test_a_site_with_a_bad_key_names_the_file_and_key(tmp_path):
     data["restart_minutes"] = 10
     with pytest.raises(ConfigError, match="restart_minutes"):
         parse_site(data, tmp_path / "bad.yaml")
+
+
+def test_a_plan_runs_the_expected_step_under_the_gpus_speed_spread():
+    w, hw, topo = load_workload("llama3-405b-16k"), load_hardware("h100-sxm-80gb"), load_topology("dgx-h100-ndr")
+    row = {"step_time_s": 6.0, "compute_s": 4.5, "world_size": 16384}
+    alike = plan(w, hw, topo, SITE, row, 15.6e12, parameters=LLAMA3_PARAMETERS, interval_steps=100)
+    spread = plan(w, hw, topo, SITE, {**row, "step_mean_s": 6.3}, 15.6e12, parameters=LLAMA3_PARAMETERS,
+                  interval_steps=100)
+    assert (spread.step_time_s, spread.expected_step_s) == (6.0, 6.3)
+    assert spread.ideal_days == pytest.approx(alike.ideal_days * 6.3 / 6.0)
+    assert spread.gpu_busy == alike.gpu_busy == 0.75

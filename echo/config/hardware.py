@@ -33,6 +33,14 @@ class GpuPower(BaseModel):
     idle_w: Figure = Field(description="draw of an idle GPU in a running job (clocks up, no kernels), W")
 
 
+class Variability(BaseModel):
+    """How much GPUs of this model differ in speed (echo.simulate.variability)."""
+
+    model_config = _STRICT
+    speed_sigma: Figure = Field(description="relative standard deviation of a GPU's persistent factor on its "
+                                "kernel times across the GPUs of a cluster (0.013: 1.3%)")
+
+
 class Provenance(BaseModel):
     """Where one compute-model parameter (or a group of them, named by its prefix) comes from."""
 
@@ -198,5 +206,7 @@ class Hardware(BaseModel):
     memory_gib: PositiveFloat
     hbm_GBps: PositiveFloat
     compute_model: ComputeModel
+    variability: Variability | None = Field(None, description="GPU-to-GPU speed spread for the step-time "
+                                            "quantiles (summary step_p50_s ...); None: every GPU alike")
     power: GpuPower | None = Field(None, description="board power for energy figures (python -m echo plan); "
                                    "None: energy is not estimated")

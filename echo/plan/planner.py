@@ -26,7 +26,8 @@ class Plan:
     gpus: int
     hosts: int
     links: int
-    step_time_s: float                 # the simulated step (no interruptions)
+    step_time_s: float                 # the simulated step, every GPU alike
+    expected_step_s: float             # with the GPUs' speed spread (summary step_mean_s): what the plan runs
     tokens_per_step: int
     interruptions_per_day: dict[str, float]   # by cause, and "total"
     mtti_h: float                      # mean time to interruption
@@ -70,9 +71,11 @@ def plan(w: Workload, hardware: Hardware, topology: Topology, site: Site, summar
         raise ValueError(f"tokens must be > 0, got {tokens}")
     if days is not None and days <= 0:
         raise ValueError(f"days must be > 0, got {days}")
-    step = float(summary["step_time_s"])
-    if not step > 0:
-        raise ValueError(f"the summary's step_time_s must be > 0, got {step}")
+    ideal_step = float(summary["step_time_s"])
+    if not ideal_step > 0:
+        raise ValueError(f"the summary's step_time_s must be > 0, got {ideal_step}")
+    # the expected step under GPU-to-GPU speed spread, where the summary has it (echo.simulate.variability)
+    step = float(summary.get("step_mean_s") or ideal_step)
     parts = reliability.job_parts(int(summary["world_size"]), topology)
     rates = reliability.interruption_rates(site.failures, parts)   # per hour
     per_hour = sum(rates.values())
@@ -105,7 +108,7 @@ def plan(w: Workload, hardware: Hardware, topology: Topology, site: Site, summar
         provenance.update([_sourced("usd_per_gpu_hour", fig)])
     elif price is not None:
         provenance["usd_per_gpu_hour"] = "given on the command line"
-    busy = min(1.0, max(0.0, float(summary.get("compute_s", step)) / step))
+    busy = min(1.0, max(0.0, float(summary.get("compute_s", ideal_step)) / ideal_step))
     mwh = None
     if hardware.power is not None and math.isfinite(wall_h):
         pw = site.power
@@ -117,7 +120,8 @@ def plan(w: Workload, hardware: Hardware, topology: Topology, site: Site, summar
                                          "(simulated compute / step time); idle while restarting and reloading")
     return Plan(
         workload=w.name, hardware=hardware.name, topology=topology.name, site=site.name,
-        gpus=parts.gpus, hosts=parts.hosts, links=parts.links, step_time_s=step, tokens_per_step=tokens_per_step,
+        gpus=parts.gpus, hosts=parts.hosts, links=parts.links, step_time_s=ideal_step, expected_step_s=step,
+        tokens_per_step=tokens_per_step,
         interruptions_per_day={**{k: v * 24.0 for k, v in rates.items()}, "total": per_hour * 24.0},
         mtti_h=mtti_s / 3600.0, checkpoint_parameters=ckpt.parameters, checkpoint_gb=ckpt.bytes / 1e9,
         checkpoint_save_s=ckpt.save_s, checkpoint_load_s=ckpt.load_s, restart_s=restart,

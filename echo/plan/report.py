@@ -16,7 +16,8 @@ def plan_text(p: Plan) -> str:
     interval = "optimal (Daly 2006)" if p.interval_is_optimal else "given"
     lines = [
         f"{p.workload} on {p.gpus:,} x {p.hardware} ({p.topology}), site {p.site}",
-        f"  step (simulated)            {p.step_time_s:.3f} s, {p.tokens_per_step:,} tokens",
+        f"  step (simulated)            {p.step_time_s:.3f} s, {p.tokens_per_step:,} tokens; "
+        f"{p.expected_step_s:.3f} s expected with the GPUs' speed spread",
         f"  interruptions               {per_day['total']:.2f} a day ({causes}); one every {p.mtti_h:.2f} h",
         f"  checkpoint                  {p.checkpoint_gb:,.0f} GB ({p.checkpoint_parameters / 1e9:,.1f}B parameters), "
         f"save {p.checkpoint_save_s:.1f} s, load {p.checkpoint_load_s:.1f} s; restart {p.restart_s:.0f} s",

@@ -26,6 +26,7 @@ rest of a task once the overlap is over.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -356,6 +357,25 @@ class RankCosts:
 
     def tasks(self) -> tuple[Program, ...]:
         return (*self.forward, *self.backward, self.grad_sync, self.optimizer)
+
+
+def scale_compute(costs: RankCosts, factor: float) -> RankCosts:
+    """``costs`` with every compute op ``factor`` times as long (a slower GPU: its kernels, not
+    its transfers)."""
+    if factor == 1.0:
+        return costs
+    cache: dict[int, Op] = {}
+
+    def op_of(op: Op) -> Op:
+        if id(op) not in cache:
+            cache[id(op)] = dataclasses.replace(op, duration_us=op.duration_us * factor) if op.code == COMPUTE else op
+        return cache[id(op)]
+
+    def prog(p: Program) -> Program:
+        return Program((op_of(op) for op in p.ops), p.waits)
+
+    return RankCosts(forward=tuple(prog(p) for p in costs.forward), backward=tuple(prog(p) for p in costs.backward),
+                     grad_sync=prog(costs.grad_sync), optimizer=prog(costs.optimizer))
 
 
 def slowest(costs: Sequence[RankCosts]) -> RankCosts:

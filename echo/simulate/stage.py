@@ -24,11 +24,12 @@ from echo.artifacts import SCHEDULE, SUMMARY, TIMELINE
 from echo.io import atomic_path, write_parquet
 from echo.network.model import CollectiveCosts, NetworkModel
 from echo.overlap.table import Slowdown, slowdown_table
+from echo.simulate import variability
 from echo.simulate.costing import CommTimer, OpContext, reduce_rank
 from echo.simulate.engine import EngineOptions, simulate
 from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
 from echo.simulate.perfetto import chrome_trace, timeline_table
-from echo.simulate.program import RankCosts, slowest
+from echo.simulate.program import RankCosts, scale_compute, slowest
 from echo.simulate.schedule_table import schedule_table
 from echo.simulate.summary import ClassInfo, summary_table
 from echo.training.schedule import orders_of
@@ -189,7 +190,7 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                  *, network: CollectiveCosts | None = None, options: EngineOptions | None = None,
                  overlap: Slowdown | Path | str | None = None, mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
                  compute_scale: Mapping[int, float] | None = None, summary_only: bool = False,
-                 timer: CommTimer | None = None) -> pa.Table:
+                 timer: CommTimer | None = None, stragglers: Mapping[int, float] | None = None) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
     timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary
     (``summary_only``: the summary alone, as a search that ranks thousands of layouts wants).
@@ -203,7 +204,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     the workload's. ``options`` (all engine choices) overrides all three. ``compute_scale`` (full
     mode): rank -> factor on its kernel times (a straggler). ``timer``: a ``CommTimer`` over
     ``network`` that earlier simulations on the same topology filled (a search's layouts share
-    most of their collectives)."""
+    most of their collectives). ``stragglers``: rank -> factor on its kernel times, in either
+    mode (symmetric: the rank's pipeline stage runs that much slower, as the replicas and its TP
+    group wait for it; echo.simulate.variability)."""
     t0 = time.perf_counter()
     if mode not in MODES:
         raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
@@ -232,11 +235,15 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     orders = orders_of(par, workload.micro_batches)
     mesh, cols = read_mesh(Path(rank_classes_path))
     costs = stage_costs(classes, par.pp, par.virtual_stages, mesh, ctx)  # also checks the classes cover the pipeline
+    slow_stages = variability.stage_factors(stragglers or {}, dict(zip(cols["rank"], cols["pp_rank"], strict=True)))
     if mode == "full":
-        result = simulate_full(full_ranks(classes, mesh, cols, ctx, compute_scale), orders, options)
+        scale = dict(compute_scale or {})
+        for rank, factor in (stragglers or {}).items():
+            scale[rank] = scale.get(rank, 1.0) * factor
+        result = simulate_full(full_ranks(classes, mesh, cols, ctx, scale), orders, options)
         rank_class = dict(zip(cols["rank"], cols["class_id"], strict=True))
     else:
-        result = simulate(costs, orders, options)
+        result = simulate([scale_compute(c, slow_stages.get(s, 1.0)) for s, c in enumerate(costs)], orders, options)
         rank_class = None
     stage_classes: dict[int, list[int]] = {}
     for c in classes:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from echo.simulate import variability
 from echo.simulate.engine import EngineResult
 from echo.simulate.program import RankCosts
 from echo.training.schedule import Task, in_flight, memory_order
@@ -178,6 +179,18 @@ def exposed_by_kind(result: EngineResult, stage: int) -> dict[str, float]:
     return out
 
 
+def variability_columns(workload, hardware, step_s: float, compute_s: float) -> dict[str, float]:
+    """Step-time quantiles under the hardware's GPU-to-GPU speed spread, and the expected
+    slowdown each synchronization absorbs (echo.simulate.variability)."""
+    sigma = hardware.variability.speed_sigma.value if hardware.variability is not None else 0.0
+    p = workload.parallel
+    q = variability.step_quantiles(step_s, compute_s, sigma, workload.world_size)
+    absorbed = variability.absorbed_by(compute_s, sigma, variability.nested_groups(p.tp, p.cp, p.pp, p.dp))
+    return {"speed_sigma": sigma, "step_mean_s": step_s + sum(absorbed.values()),
+            **{f"step_p{round(k * 100)}_s": v for k, v in q.items()},
+            **{f"variance_{k}_s": v for k, v in absorbed.items()}}
+
+
 def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
                   orders: Sequence[Sequence[Task]], result: EngineResult, sim_wall_s: float,
                   extra: dict | None = None) -> pa.Table:
@@ -215,6 +228,7 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
         "schedule": workload.parallel.schedule, "micro_batches": m, "pp": len(orders),
         "virtual_stages": classes[0].costs.chunks, "classes": len(classes),
         "executed_flops": flops.executed, "model_flops": flops.model, "events": len(result.events),
-        "mode": result.mode, "critical_rank": result.critical_rank, **(extra or {}),
+        "mode": result.mode, "critical_rank": result.critical_rank,
+        **variability_columns(workload, hardware, step_s, crit.compute_us / 1e6), **(extra or {}),
     }
     return pa.table({k: [v] for k, v in row.items()})
