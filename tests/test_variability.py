@@ -8,9 +8,11 @@ import math
 import random
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from test_simulate import HARDWARE, NONE, TOPOLOGY, FakeNet, NET_US, make_workload, write_inputs
 
+from echo.artifacts import KERNELS
 from echo.config.figure import Figure
 from echo.config.hardware import Variability
 from echo.simulate import run_simulate
@@ -142,3 +144,56 @@ def test_stragglers_are_checked():
         stage_factors({9: 1.1}, {0: 0})
     with pytest.raises(ValueError, match="must be > 0"):
         stage_factors({0: 0.0}, {0: 0})
+
+
+# --- heterogeneous jobs: stages or replicas on different GPU models -------------------------------
+
+
+def _slow_kernels(tmp_path, factor: float):
+    """A second GPU model's kernels.parquet: every kernel of the synthetic trace ``factor`` slower."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "kernels.parquet").to_pylist()
+    for r in table:
+        r["duration_us"] *= factor
+    path = tmp_path / "slow_kernels.parquet"
+    pq.write_table(pa.Table.from_pylist(table, schema=KERNELS), path)
+    return path
+
+
+def test_a_stage_on_a_slower_gpu_runs_as_a_straggler_stage(tmp_path):
+    # PP2 TP2, one micro-batch, stage 1 on a GPU whose kernels take twice as long: its F and B take
+    # 200 and 400 inside stage 0's wait, 750 + 100 + 200 = 1050 us, as a 2x straggler there
+    w = make_workload(tp=2, pp=2, dp=1, global_batch=1)
+    simulate(tmp_path, w, "ideal")
+    slow = _slow_kernels(tmp_path, 2.0)
+    mixed = simulate(tmp_path, w, "mixed", stage_kernels={1: [slow]})
+    assert mixed["step_time_s"] == pytest.approx(1050e-6)
+    assert mixed["step_time_s"] == pytest.approx(simulate(tmp_path, w, "straggler", stragglers={2: 2.0})["step_time_s"])
+
+
+def test_replicas_on_a_mix_of_gpus_run_at_the_slowest(tmp_path):
+    # TP2 DP2 on H100s and A100s alike: every stage takes the slower model's programs
+    w = make_workload(tp=2, pp=1, dp=2, global_batch=4)
+    simulate(tmp_path, w, "ideal")
+    slow = _slow_kernels(tmp_path, 1.5)
+    mixed = simulate(tmp_path, w, "mixed", stage_kernels={0: [slow]})
+    # 2 x (150 + 10 + 300 + 10) + 30 + 75 + 20 = 1065 us
+    assert mixed["step_time_s"] == pytest.approx(1065e-6)
+    with pytest.raises(ValueError, match="pipeline stages \\[3\\]"):
+        simulate(tmp_path, w, "bad", stage_kernels={3: [slow]})
+
+
+def test_the_simulate_command_parses_stragglers_and_stage_hardware(capsys):
+    from echo.cli import build_parser
+
+    args = build_parser().parse_args(["simulate", "--workload", "w", "--hardware", "h", "--topology", "t",
+                                      "--straggler", "17:1.1", "--stage-hardware", "4-7:a100-sxm-80gb",
+                                      "--stage-hardware", "all:h200-sxm-141gb"])
+    assert args.straggler == [(17, 1.1)]
+    assert args.stage_hardware == [((4, 5, 6, 7), "a100-sxm-80gb"), ((), "h200-sxm-141gb")]
+    for bad in (["--straggler", "17"], ["--straggler", "3:0"], ["--stage-hardware", "7-4:a100-sxm-80gb"]):
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(["simulate", "--workload", "w", "--hardware", "h", "--topology", "t", *bad])
+        assert exc.value.code == 2
+    assert "RANK:FACTOR" in capsys.readouterr().err

@@ -10,10 +10,11 @@ them rank by rank (``full.py``): for small jobs, and to check symmetric mode.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -160,6 +161,21 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabe
     return [slowest(by_stage[s]) for s in range(stages)]
 
 
+def _heterogeneous(costs: list[RankCosts], stage_kernels: Mapping[int, Sequence[Path | str]], workload,
+                   trace_dir: Path, rank_classes_path: Path, mesh: Relabel, ctx: OpContext) -> list[RankCosts]:
+    """Each stage's programs as the slowest of the GPU models it runs on (``run_simulate``)."""
+    pp = len(costs)
+    bad = sorted(s for s in stage_kernels if not 0 <= s < pp)
+    if bad:
+        raise ValueError(f"stage_kernels names pipeline stages {bad}; the workload has pp = {pp}")
+    other: dict[str, list[RankCosts]] = {}
+    for path in {str(p) for paths in stage_kernels.values() for p in paths}:
+        octx = dataclasses.replace(ctx, kernels=load_kernels(Path(path)))
+        classes = load_classes(workload, trace_dir, rank_classes_path, octx)
+        other[path] = stage_costs(classes, pp, workload.parallel.virtual_stages, mesh, octx)
+    return [slowest([c, *(other[str(p)][s] for p in stage_kernels.get(s, ()))]) for s, c in enumerate(costs)]
+
+
 def load_kernels(kernels_path: Path) -> dict[str, float]:
     t = read_parquet_file(kernels_path, columns=["kernel_key", "duration_us"])
     return dict(zip(t["kernel_key"].to_pylist(), t["duration_us"].to_pylist(), strict=True))
@@ -190,7 +206,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                  *, network: CollectiveCosts | None = None, options: EngineOptions | None = None,
                  overlap: Slowdown | Path | str | None = None, mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
                  compute_scale: Mapping[int, float] | None = None, summary_only: bool = False,
-                 timer: CommTimer | None = None, stragglers: Mapping[int, float] | None = None) -> pa.Table:
+                 timer: CommTimer | None = None, stragglers: Mapping[int, float] | None = None,
+                 stage_kernels: Mapping[int, Sequence[Path | str]] | None = None) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
     timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary
     (``summary_only``: the summary alone, as a search that ranks thousands of layouts wants).
@@ -206,7 +223,10 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     ``network`` that earlier simulations on the same topology filled (a search's layouts share
     most of their collectives). ``stragglers``: rank -> factor on its kernel times, in either
     mode (symmetric: the rank's pipeline stage runs that much slower, as the replicas and its TP
-    group wait for it; echo.simulate.variability)."""
+    group wait for it; echo.simulate.variability). ``stage_kernels`` (symmetric mode): a
+    heterogeneous job, pipeline stage -> the kernels.parquet of each GPU model its ranks run on
+    beside ``kernels_path``'s (stages on another GPU, or data-parallel replicas on a mix of GPUs):
+    each task of the stage takes the slowest model's program, as its collectives wait for it."""
     t0 = time.perf_counter()
     if mode not in MODES:
         raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
@@ -235,6 +255,10 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     orders = orders_of(par, workload.micro_batches)
     mesh, cols = read_mesh(Path(rank_classes_path))
     costs = stage_costs(classes, par.pp, par.virtual_stages, mesh, ctx)  # also checks the classes cover the pipeline
+    if stage_kernels:
+        if mode != "symmetric":
+            raise ValueError("stage_kernels (GPU models per pipeline stage) needs mode='symmetric'")
+        costs = _heterogeneous(costs, stage_kernels, workload, trace_dir, Path(rank_classes_path), mesh, ctx)
     slow_stages = variability.stage_factors(stragglers or {}, dict(zip(cols["rank"], cols["pp_rank"], strict=True)))
     if mode == "full":
         scale = dict(compute_scale or {})
