@@ -341,6 +341,43 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan_search(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    from echo.config import load_hardware, load_site, load_topology
+    from echo.io import read_parquet, write_parquet
+    from echo.plan.scaling import scaling_plans
+    from echo.report.plots import save, time_to_train
+    from echo.sweep.spec import expansion, load_sweep
+
+    sweep, path = load_sweep(args.spec, root=args.config_dir)
+    exp = expansion(args.spec, args.config_dir)
+    if not exp.kept:
+        raise ConfigError(path, "axes", "the search keeps no layout")
+    site = load_site(args.site, root=args.config_dir)
+    hardware = load_hardware(sweep.hardware, root=args.config_dir)
+    out = args.out or args.results / "search" / args.spec
+    ranking = out / "ranking.parquet"
+    _need(ranking, hint=f"run the search first: python -m echo search {args.spec}")
+    rows = read_parquet(ranking).to_pylist()
+    topologies = {t: load_topology(t, root=args.config_dir) for t in {r["topology"] for r in rows}}
+    planned = scaling_plans(exp.kept[0].workload, hardware, topologies, site, rows, args.tokens,
+                            usd_per_gpu_hour=args.usd_per_gpu_hour)
+    table = [{"gpus": p.gpus, "layout": r["layout"], "topology": p.topology, "step_time_s": p.step_time_s,
+              "effective_training_time": p.effective_training_time, "ideal_days": p.ideal_days,
+              "time_to_train_days": p.time_to_train_days, "interruptions": p.interruptions,
+              "gpu_hours": p.gpu_hours, "cost_usd": p.cost_usd, "energy_mwh": p.energy_mwh} for r, p in planned]
+    write_parquet(pa.Table.from_pylist(table), out / "time_to_train.parquet")
+    save(time_to_train(table, f"{args.spec}: {args.tokens:.3g} tokens on {sweep.hardware}, site {args.site}"),
+         out / "time_to_train.png")
+    for t in table:
+        cost = "unknown" if t["cost_usd"] is None else f"${t['cost_usd'] / 1e6:,.1f}M"
+        print(f"{t['gpus']:>7,} GPUs  {t['time_to_train_days']:7.1f} days (ETTR {t['effective_training_time']:.1%})  "
+              f"{cost:>10}  {t['layout']}")
+    print(out / "time_to_train.png")
+    return 0
+
+
 def cmd_versions(args: argparse.Namespace) -> int:
     from echo.workflow.versions import STAGE_MODULES, code_version
 
@@ -456,6 +493,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", type=Path, default=None,
                    help="a summary.parquet (default: RESULTS/simulate/WORKLOAD/HARDWARE/TOPOLOGY/summary.parquet)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+
+    p = add("plan-search", cmd_plan_search, "time-to-train and cost against GPU count: each GPU count's fastest "
+            "fitting layout of a search (results/search/SPEC/ranking.parquet), planned on a site")
+    p.add_argument("spec", help="a config/sweeps/ search file's name, searched first")
+    p.add_argument("--tokens", type=positive, required=True, help="tokens to train on, e.g. 15e12")
+    p.add_argument("--site", default="meta-llama3-h100", help="a config/sites/ file (default: meta-llama3-h100)")
+    p.add_argument("--usd-per-gpu-hour", type=positive, default=None, help="price of a GPU-hour (default: the site's)")
+    p.add_argument("--out", type=Path, default=None, help="the search's folder (default RESULTS/search/SPEC)")
 
     add("versions", cmd_versions, "print each stage's code version (what the workflow's params compare)")
 

@@ -208,3 +208,28 @@ def test_a_plan_runs_the_expected_step_under_the_gpus_speed_spread():
     assert (spread.step_time_s, spread.expected_step_s) == (6.0, 6.3)
     assert spread.ideal_days == pytest.approx(alike.ideal_days * 6.3 / 6.0)
     assert spread.gpu_busy == alike.gpu_busy == 0.75
+
+
+def test_time_to_train_against_gpu_count_from_a_search(tmp_path):
+    """plan-search plans each GPU count's fastest fitting layout of a ranking (here a written one)."""
+    from echo.plan.scaling import fastest_per_gpu_count
+
+    rows = [dict(layout=f"l{i}", topology="dgx-h100-ndr", world_size=g, step_time_s=s, compute_s=s * 0.8, fits=f)
+            for i, (g, s, f) in enumerate([(256, 20.0, True), (256, 18.0, False), (256, 19.0, True),
+                                           (512, 10.5, True), (1024, 5.6, True)])]
+    assert [r["layout"] for r in fastest_per_gpu_count(rows)] == ["l2", "l3", "l4"]
+    pq_path = tmp_path / "ranking.parquet"
+    write_parquet(pa.Table.from_pylist(rows), pq_path)
+    out = _echo("plan-search", "llama3-70b-h100-512-search", "--tokens", "15e12", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "time_to_train.png").stat().st_size > 0
+    from echo.io import read_parquet
+
+    table = read_parquet(tmp_path / "time_to_train.parquet").to_pylist()
+    assert [t["gpus"] for t in table] == [256, 512, 1024]
+    # more GPUs: a shorter run, interrupted more often, so a lower effective training time
+    days = [t["time_to_train_days"] for t in table]
+    ettr = [t["effective_training_time"] for t in table]
+    assert days[0] > days[1] > days[2] and ettr[0] > ettr[1] > ettr[2]
+    missing = _echo("plan-search", "llama3-70b-h100-512-search", "--tokens", "1e12", "--out", str(tmp_path / "x"))
+    assert missing.returncode == 1 and "python -m echo search" in missing.stderr

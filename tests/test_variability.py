@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_simulate import HARDWARE, NONE, TOPOLOGY, FakeNet, NET_US, make_workload, write_inputs
+from test_simulate import HARDWARE, NET_US, NONE, TOPOLOGY, FakeNet, make_workload, write_inputs
 
 from echo.artifacts import KERNELS
 from echo.config.figure import Figure

@@ -373,3 +373,34 @@ def error_by_layout(points: Sequence[dict], band: float = 0.10,
     fig.legend(handles=handles, ncol=min(len(handles), 4), fontsize=8, loc="outside lower center", frameon=False)
     fig.suptitle(f"{title} ({len(points)} rows)")
     return fig
+
+
+def time_to_train(points: Sequence[dict], title: str) -> Figure:
+    """Days to train and cost against GPU count (``points``: gpus, time_to_train_days, ideal_days,
+    cost_usd, effective_training_time, layout), the strong-scaling view of ``echo plan-search``."""
+    fig, (days_ax, cost_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    if not points:
+        return _empty(fig, days_ax, "no layout fits")
+    pts = sorted(points, key=lambda p: p["gpus"])
+    gpus = [p["gpus"] for p in pts]
+    days_ax.plot(gpus, [p["time_to_train_days"] for p in pts], "o-", label="with interruptions and checkpoints")
+    days_ax.plot(gpus, [p["ideal_days"] for p in pts], "s--", alpha=0.7, label="uninterrupted")
+    for p in pts:
+        days_ax.annotate(f"ETTR {p['effective_training_time']:.0%}", (p["gpus"], p["time_to_train_days"]),
+                         textcoords="offset points", xytext=(4, 6), fontsize=7)
+    days_ax.set_xscale("log", base=2)
+    days_ax.set_xlabel("GPUs")
+    days_ax.set_ylabel("days to train")
+    days_ax.legend(fontsize=8)
+    costs = [p["cost_usd"] for p in pts]
+    if all(c is not None for c in costs):
+        cost_ax.plot(gpus, [c / 1e6 for c in costs], "o-", color="tab:red")
+        cost_ax.set_ylabel("cost (million USD)")
+    else:
+        cost_ax.plot(gpus, [p["gpu_hours"] / 1e6 for p in pts], "o-", color="tab:red")
+        cost_ax.set_ylabel("million GPU-hours (no price for this hardware)")
+    cost_ax.set_xscale("log", base=2)
+    cost_ax.set_xlabel("GPUs")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
