@@ -64,13 +64,11 @@ def straggler(text: str) -> tuple[int, float]:
 
 
 def stage_hardware(text: str) -> tuple[tuple[int, ...], str]:
-    """``STAGES:HARDWARE``: ``4-7:a100-sxm-80gb``, ``2:h200-sxm-141gb``, ``all:a100-sxm-80gb`` (every stage: ())."""
+    """``STAGES:HARDWARE``: ``4-7:a100-sxm-80gb``, ``2:h200-sxm-141gb``."""
     stages, sep, name = text.partition(":")
     m = re.fullmatch(r"(\d+)(?:-(\d+))?", stages)
-    if not sep or not name or (stages != "all" and not m) or (m and m.group(2) and int(m.group(2)) < int(m.group(1))):
-        raise argparse.ArgumentTypeError(f"not STAGES:HARDWARE (STAGES: 3, 4-7 or all): {text!r}")
-    if stages == "all":
-        return (), name
+    if not sep or not name or not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+        raise argparse.ArgumentTypeError(f"not STAGES:HARDWARE (STAGES: 3 or 4-7): {text!r}")
     first = int(m.group(1))
     return tuple(range(first, int(m.group(2) or first) + 1)), name
 
@@ -170,15 +168,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ConfigError(config_path("workload", w, args.config_dir), "parallel",
                           f"--straggler rank {max(stragglers)} is not in the job (world size {workload.world_size})")
     stage_kernels: dict[int, list[Path]] = {}
-    for stages, other in args.stage_hardware or []:
+
+    def kernels_of(other: str) -> Path:
         load_hardware(other, root=args.config_dir)  # a known hardware file, before any work
         path = _paths(args.results, w, other)["kernels"]
         _need(path, hint=f"run `python -m echo profile --workload {w} --hardware {other}` first")
-        for s in stages or range(workload.parallel.pp):
+        return path
+
+    for stages, other in args.stage_hardware or []:  # these stages run on that model only
+        for s in stages:
             if s >= workload.parallel.pp:
                 raise ConfigError(config_path("workload", w, args.config_dir), "parallel.pp",
                                   f"--stage-hardware names stage {s}; the workload has pp = {workload.parallel.pp}")
-            stage_kernels.setdefault(s, []).append(path)
+            stage_kernels.setdefault(s, []).append(kernels_of(other))
+    for other in args.replica_hardware or []:  # some replicas on that model: every stage waits for it
+        for s in range(workload.parallel.pp):
+            stage_kernels.setdefault(s, [p["kernels"]]).append(kernels_of(other))
     run_simulate(workload, hardware, topology, p["trace_dir"], p["rank_classes"], p["kernels"],
                  p["calib_dir"], p["simulate_dir"], overlap=measured if measured.exists() else None,
                  stragglers=stragglers, stage_kernels=stage_kernels or None)
@@ -429,8 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--straggler", type=straggler, action="append", metavar="RANK:FACTOR",
                    help="a GPU whose kernels take FACTOR times as long (e.g. 17:1.1); may be repeated")
     p.add_argument("--stage-hardware", type=stage_hardware, action="append", metavar="STAGES:HARDWARE",
-                   help="a heterogeneous job: pipeline stages (4-7, 2, or all: data-parallel replicas) that also "
-                   "run on another GPU model, profiled first; each stage runs at its slowest model")
+                   help="a heterogeneous job: pipeline stages (4-7 or 2) that run on another GPU model (the "
+                   "workload profiled on it first); may be repeated")
+    p.add_argument("--replica-hardware", action="append", metavar="HARDWARE",
+                   help="a heterogeneous job: some data-parallel replicas run on another GPU model (profiled "
+                   "first); every stage then runs at the slower model's pace")
 
     p = add("audit", cmd_audit, "SQL over all results (DuckDB views); without SQL, list the views")
     p.add_argument("sql", nargs="?", default=None, help="a query, or - to read it from stdin")

@@ -170,6 +170,11 @@ def test_a_stage_on_a_slower_gpu_runs_as_a_straggler_stage(tmp_path):
     mixed = simulate(tmp_path, w, "mixed", stage_kernels={1: [slow]})
     assert mixed["step_time_s"] == pytest.approx(1050e-6)
     assert mixed["step_time_s"] == pytest.approx(simulate(tmp_path, w, "straggler", stragglers={2: 2.0})["step_time_s"])
+    # a stage's list replaces the job's model there: stage 0 on the slow model, stage 1 on the fast
+    # one: F 200 + 10, send 5, (110, 210), send 5, B 400 + 10, reduce-scatter 30, adam 100,
+    # all-gather 20: 1100 us
+    fast = tmp_path / "kernels.parquet"
+    assert simulate(tmp_path, w, "back", stage_kernels={0: [slow], 1: [fast]})["step_time_s"] == pytest.approx(1100e-6)
 
 
 def test_replicas_on_a_mix_of_gpus_run_at_the_slowest(tmp_path):
@@ -177,7 +182,7 @@ def test_replicas_on_a_mix_of_gpus_run_at_the_slowest(tmp_path):
     w = make_workload(tp=2, pp=1, dp=2, global_batch=4)
     simulate(tmp_path, w, "ideal")
     slow = _slow_kernels(tmp_path, 1.5)
-    mixed = simulate(tmp_path, w, "mixed", stage_kernels={0: [slow]})
+    mixed = simulate(tmp_path, w, "mixed", stage_kernels={0: [tmp_path / "kernels.parquet", slow]})
     # 2 x (150 + 10 + 300 + 10) + 30 + 75 + 20 = 1065 us
     assert mixed["step_time_s"] == pytest.approx(1065e-6)
     with pytest.raises(ValueError, match="pipeline stages \\[3\\]"):
@@ -189,10 +194,12 @@ def test_the_simulate_command_parses_stragglers_and_stage_hardware(capsys):
 
     args = build_parser().parse_args(["simulate", "--workload", "w", "--hardware", "h", "--topology", "t",
                                       "--straggler", "17:1.1", "--stage-hardware", "4-7:a100-sxm-80gb",
-                                      "--stage-hardware", "all:h200-sxm-141gb"])
+                                      "--stage-hardware", "2:h200-sxm-141gb", "--replica-hardware", "a100-sxm-80gb"])
     assert args.straggler == [(17, 1.1)]
-    assert args.stage_hardware == [((4, 5, 6, 7), "a100-sxm-80gb"), ((), "h200-sxm-141gb")]
-    for bad in (["--straggler", "17"], ["--straggler", "3:0"], ["--stage-hardware", "7-4:a100-sxm-80gb"]):
+    assert args.stage_hardware == [((4, 5, 6, 7), "a100-sxm-80gb"), ((2,), "h200-sxm-141gb")]
+    assert args.replica_hardware == ["a100-sxm-80gb"]
+    for bad in (["--straggler", "17"], ["--straggler", "3:0"], ["--stage-hardware", "7-4:a100-sxm-80gb"],
+                ["--stage-hardware", "all:a100-sxm-80gb"]):
         with pytest.raises(SystemExit) as exc:
             build_parser().parse_args(["simulate", "--workload", "w", "--hardware", "h", "--topology", "t", *bad])
         assert exc.value.code == 2

@@ -163,7 +163,8 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabe
 
 def _heterogeneous(costs: list[RankCosts], stage_kernels: Mapping[int, Sequence[Path | str]], workload,
                    trace_dir: Path, rank_classes_path: Path, mesh: Relabel, ctx: OpContext) -> list[RankCosts]:
-    """Each stage's programs as the slowest of the GPU models it runs on (``run_simulate``)."""
+    """Each listed stage's programs as the slowest of the GPU models it runs on (``run_simulate``);
+    other stages keep ``costs``."""
     pp = len(costs)
     bad = sorted(s for s in stage_kernels if not 0 <= s < pp)
     if bad:
@@ -173,7 +174,8 @@ def _heterogeneous(costs: list[RankCosts], stage_kernels: Mapping[int, Sequence[
         octx = dataclasses.replace(ctx, kernels=load_kernels(Path(path)))
         classes = load_classes(workload, trace_dir, rank_classes_path, octx)
         other[path] = stage_costs(classes, pp, workload.parallel.virtual_stages, mesh, octx)
-    return [slowest([c, *(other[str(p)][s] for p in stage_kernels.get(s, ()))]) for s, c in enumerate(costs)]
+    return [slowest([other[str(p)][s] for p in stage_kernels[s]]) if stage_kernels.get(s) else c
+            for s, c in enumerate(costs)]
 
 
 def load_kernels(kernels_path: Path) -> dict[str, float]:
@@ -224,9 +226,10 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     most of their collectives). ``stragglers``: rank -> factor on its kernel times, in either
     mode (symmetric: the rank's pipeline stage runs that much slower, as the replicas and its TP
     group wait for it; echo.simulate.variability). ``stage_kernels`` (symmetric mode): a
-    heterogeneous job, pipeline stage -> the kernels.parquet of each GPU model its ranks run on
-    beside ``kernels_path``'s (stages on another GPU, or data-parallel replicas on a mix of GPUs):
-    each task of the stage takes the slowest model's program, as its collectives wait for it."""
+    heterogeneous job, pipeline stage -> the kernels.parquet of every GPU model the stage's ranks
+    run on (``kernels_path`` among them only if listed; stages not listed run on ``kernels_path``'s
+    model): stages on another GPU, or data-parallel replicas on a mix of GPUs, where each task of
+    the stage takes the slowest model's program, as its collectives wait for it."""
     t0 = time.perf_counter()
     if mode not in MODES:
         raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
