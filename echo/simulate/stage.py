@@ -262,7 +262,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         if mode != "symmetric":
             raise ValueError("stage_kernels (GPU models per pipeline stage) needs mode='symmetric'")
         costs = _heterogeneous(costs, stage_kernels, workload, trace_dir, Path(rank_classes_path), mesh, ctx)
-    slow_stages = variability.stage_factors(stragglers or {}, dict(zip(cols["rank"], cols["pp_rank"], strict=True)))
+    slow_stages = variability.stage_factors(stragglers, dict(zip(cols["rank"], cols["pp_rank"], strict=True))) \
+        if stragglers else {}
     if mode == "full":
         scale = dict(compute_scale or {})
         for rank, factor in (stragglers or {}).items():
