@@ -37,12 +37,7 @@ def _echo_attention(module, query, key, value, attention_mask, scaling=None, dro
     group = query.shape[1] // key.shape[1]
     if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
         key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
-    d_v = getattr(value, "echo_head_dim", None) or value.shape[-1]  # hf_mla pads MLA's values itself
-    if value.shape[-1] < query.shape[-1]:
-        # MLA (DeepSeek): q/k heads of 192, v heads of 128. The CPU's kernel takes one head size, so
-        # v is padded and the output cut, as transformers' own flash-attention path does for MLA
-        value = F.pad(value, [0, query.shape[-1] - d_v])
-        value.echo_head_dim = d_v  # the memory meter counts it (and the output) at d_v (meter.KERNELS)
+    value, d_v = hf_mla.pad_value(value, query.shape[-1])  # MLA: v heads narrower than q/k heads
     selective, hook = getattr(module, "echo_selective", False), getattr(module, "echo_hook", nullcontext)
     cp_group, p = getattr(module, "cp_group", None), dropout if module.training else 0.0
     window = kwargs.get("sliding_window")

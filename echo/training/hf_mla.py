@@ -28,6 +28,19 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from echo.training.layers import RecomputedOutputs
 
 
+def pad_value(value: torch.Tensor, width: int) -> tuple[torch.Tensor, int]:
+    """(value heads padded to ``width``, their own size d_v). MLA's q/k heads are wider than its v
+    heads (DeepSeek: 192 and 128) and the CPU's attention kernel takes one head size, so v is padded
+    and the output cut back, as transformers' own flash-attention path does for MLA; the padded
+    tensor carries ``echo_head_dim`` so the memory meter (meter.KERNELS) counts it at d_v, and a
+    value padded already (by ``mla_forward``) is passed through."""
+    d_v = getattr(value, "echo_head_dim", None) or value.shape[-1]
+    if value.shape[-1] < width:
+        value = F.pad(value, [0, width - value.shape[-1]])
+        value.echo_head_dim = d_v
+    return value, d_v
+
+
 def is_mla(attn: nn.Module) -> bool:
     """A transformers MLA attention module (DeepSeek-V2 / V3 layout)."""
     return all(hasattr(attn, n) for n in ("kv_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "expand_kv"))
@@ -63,11 +76,7 @@ def mla_forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[to
         q_rot, k_rope = _rope(self)(q_rot, k_rot, cos, sin)
         query = torch.cat((q_pass, q_rot), dim=-1)
         key, value = self.expand_kv(kv_nope, k_rope)
-        d_v = value.shape[-1]
-        if d_v < query.shape[-1]:  # the CPU's kernel takes one head size (hf._echo_attention)
-            value = F.pad(value, [0, query.shape[-1] - d_v])
-            value.echo_head_dim = d_v
-        return query, key, value
+        return query, key, pad_value(value, query.shape[-1])[0]
 
     query, key, value = up()
     outputs = getattr(self, "echo_outputs", None)
