@@ -36,7 +36,7 @@ from echo.simulate.engine import (
     task_label,
 )
 from echo.simulate.gpu import Gpu
-from echo.simulate.program import ASYNC, COMPUTE, Op, Program, RankCosts, replay_steps
+from echo.simulate.program import ASYNC, COMPUTE, Op, RankCosts, replay_steps
 from echo.training.schedule import Task
 
 MESH = ("pp", "dp", "cp", "tp")
@@ -101,11 +101,7 @@ def relabel_costs(costs: RankCosts, move, link_of, compute_scale: float = 1.0, t
                 cache[key] = op
         return cache[key]
 
-    def prog(p: Program) -> Program:
-        return Program((op_of(op) for op in p.ops), p.waits)
-
-    return RankCosts(forward=tuple(prog(p) for p in costs.forward), backward=tuple(prog(p) for p in costs.backward),
-                     grad_sync=prog(costs.grad_sync), optimizer=prog(costs.optimizer))
+    return costs.map_ops(op_of)
 
 
 @dataclass(frozen=True)

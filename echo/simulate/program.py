@@ -358,6 +358,14 @@ class RankCosts:
     def tasks(self) -> tuple[Program, ...]:
         return (*self.forward, *self.backward, self.grad_sync, self.optimizer)
 
+    def map_ops(self, op_of) -> RankCosts:
+        """The same programs with every op replaced by ``op_of(op)`` (dependencies kept)."""
+        def prog(p: Program) -> Program:
+            return Program((op_of(op) for op in p.ops), p.waits)
+
+        return RankCosts(forward=tuple(prog(p) for p in self.forward), backward=tuple(prog(p) for p in self.backward),
+                         grad_sync=prog(self.grad_sync), optimizer=prog(self.optimizer))
+
 
 def scale_compute(costs: RankCosts, factor: float) -> RankCosts:
     """``costs`` with every compute op ``factor`` times as long (a slower GPU: its kernels, not
@@ -371,11 +379,7 @@ def scale_compute(costs: RankCosts, factor: float) -> RankCosts:
             cache[id(op)] = dataclasses.replace(op, duration_us=op.duration_us * factor) if op.code == COMPUTE else op
         return cache[id(op)]
 
-    def prog(p: Program) -> Program:
-        return Program((op_of(op) for op in p.ops), p.waits)
-
-    return RankCosts(forward=tuple(prog(p) for p in costs.forward), backward=tuple(prog(p) for p in costs.backward),
-                     grad_sync=prog(costs.grad_sync), optimizer=prog(costs.optimizer))
+    return costs.map_ops(op_of)
 
 
 def slowest(costs: Sequence[RankCosts]) -> RankCosts:
