@@ -85,7 +85,9 @@ class ParallelConfig(BaseModel):
     ep: PositiveInt = Field(1, description="expert-parallel degree, folded over the tp x cp x dp ranks of a stage (Megatron-Core)")
     sequence_parallel: bool = Field(False, description="shard norms/dropout over tp (all-gather/reduce-scatter instead of all-reduce)")
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
-    schedule: Literal["gpipe", "1f1b", "interleaved"] = Field("1f1b", description="pipeline schedule")
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"] = Field(
+        "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1 and zb-h2: the zero-bubble "
+        "schedules of Qi et al., each backward split into its input- and weight-gradient parts)")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
     overlap_grad_reduce: bool = Field(
         False, description="Megatron-LM's --overlap-grad-reduce: gradient buckets are reduced during the last "
@@ -110,6 +112,11 @@ class ParallelConfig(BaseModel):
         "their expert-parallel all-to-alls, each all-to-all hidden behind the other pass' compute; the "
         "schedule warms up one micro-batch more so that the two are independent (needs ep > 1 and, with pp > 1, the "
         "interleaved schedule; simulation only)")
+    post_validation: bool = Field(
+        False, description="the zero-bubble paper's optimizer post-validation: no synchronization of every "
+        "stage before the optimizer step (the gradient-norm and inf/NaN all-reduce is checked after the "
+        "update, rolled back if needed), so each stage starts its next step as soon as it can (simulation "
+        "only; symmetric mode)")
     stage_layers: list[PositiveInt] | None = Field(
         None, description="layers of each virtual stage in pipeline order (pp x virtual_stages entries); "
         "default: layers split evenly. Llama 3 405B puts one layer less on the first and last stage")
@@ -129,7 +136,8 @@ class ParallelConfig(BaseModel):
 # trace, dedup and profile stages see the workload without these keys (trace_dump), so changing
 # one re-runs the simulation only, and sweep layouts that differ only in them share one trace.
 NOT_TRACED = {
-    "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap"),
+    "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap",
+                 "post_validation"),
     "training": ("global_batch",),
 }
 
@@ -200,7 +208,8 @@ class Workload(BaseModel):
         p, t = self.parallel, self.training
         fixed = {
             "parallel": {"schedule": "interleaved" if p.virtual_stages > 1 else "1f1b", "overlap_grad_reduce": False,
-                         "overlap_param_gather": False, "tp_comm_overlap": False, "ep_comm_overlap": False},
+                         "overlap_param_gather": False, "tp_comm_overlap": False, "ep_comm_overlap": False,
+                         "post_validation": False},
             "training": {"global_batch": t.micro_batch * p.dp * p.pp},
         }
         assert {k: tuple(v) for k, v in fixed.items()} == NOT_TRACED, "traced() must fix exactly NOT_TRACED"
@@ -282,6 +291,8 @@ class Workload(BaseModel):
         need(not p.ep_comm_overlap or p.pp == 1 or p.schedule == "interleaved", "parallel.ep_comm_overlap",
              "with pp > 1 the combined 1F1B needs schedule: interleaved (Megatron-Core): in plain 1F1B a pair's "
              "backward waits for the next stage's whole pair")
+        need(not p.schedule.startswith("zb-") or not p.ep_comm_overlap, "parallel.ep_comm_overlap",
+             f"the combined 1F1B pairs a forward with a whole backward; {p.schedule} splits the backward")
         need(not p.tp_comm_overlap or p.sequence_parallel, "parallel.tp_comm_overlap",
              "pipelines the sequence-parallel all-gathers and reduce-scatters, which needs sequence_parallel: true")
         return out

@@ -4,6 +4,9 @@ kernels.parquet and the overlap slowdown, collectives and p2p from the network's
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -98,23 +101,86 @@ def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
               link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads, api=api)
 
 
+# Ops that may carry a weight-gradient GEMM's result into its gradient buffer (a cast, an
+# accumulation into the fp32 main gradient, a copy) and still belong to W: any other consumer
+# (a norm's backward, attention, another GEMM, a collective, a send) makes the GEMM a B op.
+CARRY_CLASSES = ("elementwise", "copy")
+
+# Bytes per element of the dtypes a weight-gradient GEMM reads (torch names, as ops.parquet has them).
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+               "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+               "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def split_backward(rows: Sequence[Mapping], consumers: Mapping[int, Sequence[int]]) -> set[int]:
+    """The seqs of a backward task's W ops (its weight-gradient part; ``rows`` in seq order,
+    ``consumers``: op seq -> seqs of the ops that read what it writes, deps.parquet's data edges).
+
+    W is what zero-bubble implementations defer (the ZB paper's WeightGradStore, Megatron's
+    delay_wgrad_compute): each GEMM whose result only reaches gradient buffers, through casts and
+    accumulations, and those carrying ops. Everything else stays in B: the data-gradient GEMMs,
+    attention, norms (their small weight gradients included), bias sums, the embedding's
+    gradient, recomputation. Nothing in B reads a W op, so a W may run any time after its B."""
+    in_task = {r["seq"] for r in rows}
+    sinky: set[int] = set()  # every in-task consumer is sinky too (walked from the end)
+    for r in reversed(rows):
+        if r["kind"] in COMPUTE_KINDS and r["phase"] == "backward" and \
+                (r["op_class"] == "gemm" or r["op_class"] in CARRY_CLASSES) and \
+                all(c in sinky for c in consumers.get(r["seq"], ()) if c in in_task):
+            sinky.add(r["seq"])
+    w: set[int] = set()
+    producers: dict[int, list[int]] = {}
+    for src, dsts in consumers.items():
+        for d in dsts:
+            producers.setdefault(d, []).append(src)
+    for r in rows:
+        seq = r["seq"]
+        if seq in sinky and (r["op_class"] == "gemm" or any(p in w for p in producers.get(seq, ()))):
+            w.add(seq)
+    return w
+
+
+def input_bytes(row: Mapping) -> float:
+    """Bytes of an op's tensor inputs, from its recorded shapes and its dtype."""
+    dtype = row.get("dtype") or ""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"rank {row['rank']} seq {row['seq']} {row['name']}: no element size known for dtype "
+                         f"'{dtype}' (costing.DTYPE_BYTES)")
+    n = 0
+    for shape in json.loads(row.get("shapes") or "[]"):
+        if isinstance(shape, list):
+            n += math.prod(int(x) for x in shape)
+    return float(n * DTYPE_BYTES[dtype])
+
+
 def reduce_rank(ops: Sequence[Mapping], comms: Mapping[int, Mapping], ctx: OpContext,
-                waits: Mapping[int, Sequence[int]] | None = None) -> RankCosts:
-    """One rank's ops (rows of ops.parquet, any order) and comms (by comm_id) -> its programs."""
-    tasks: dict[tuple[str, int], list[Op]] = {}
+                waits: Mapping[int, Sequence[int]] | None = None,
+                consumers: Mapping[int, Sequence[int]] | None = None) -> RankCosts:
+    """One rank's ops (rows of ops.parquet, any order) and comms (by comm_id) -> its programs.
+    With ``consumers`` (op seq -> seqs reading its output: deps.parquet's data edges) each
+    backward is also split into its B and W parts (``split_backward``)."""
+    tasks: dict[tuple[str, int], list[tuple[Mapping, Op]]] = {}
     for row in sorted(ops, key=lambda r: r["seq"]):
         task = TASK_OF_PHASE.get(row["phase"])
         if task is None:
             raise ValueError(f"rank {row['rank']} seq {row['seq']}: unknown phase '{row['phase']}'")
         chunk = row["chunk"] if task in ("F", "B") else 0
-        tasks.setdefault((task, chunk), []).append(to_op(row, comms.get(row["comm_id"]), ctx))
+        tasks.setdefault((task, chunk), []).append((row, to_op(row, comms.get(row["comm_id"]), ctx)))
     chunks = 1 + max((c for (t, c) in tasks if t in ("F", "B")), default=0)
 
-    def prog(task: str, chunk: int = 0) -> Program:
-        return Program(tasks.get((task, chunk), ()), waits)
+    def prog(task: str, chunk: int = 0, keep=None) -> Program:
+        return Program((op for row, op in tasks.get((task, chunk), ()) if keep is None or keep(row["seq"])), waits)
 
-    return RankCosts(forward=tuple(prog("F", c) for c in range(chunks)),
-                     backward=tuple(prog("B", c) for c in range(chunks)),
-                     grad_sync=prog("grad_sync"), optimizer=prog("optimizer"))
+    out = RankCosts(forward=tuple(prog("F", c) for c in range(chunks)),
+                    backward=tuple(prog("B", c) for c in range(chunks)),
+                    grad_sync=prog("grad_sync"), optimizer=prog("optimizer"))
+    if consumers is None:
+        return out
+    ws = [split_backward([row for row, _ in tasks.get(("B", c), ())], consumers) for c in range(chunks)]
+    pending = tuple(sum(input_bytes(row) for row, _ in tasks.get(("B", c), ()) if row["seq"] in w and
+                        row["op_class"] == "gemm") for c, w in enumerate(ws))
+    return dataclasses.replace(
+        out, input_grad=tuple(prog("B", c, lambda seq, w=w: seq not in w) for c, w in enumerate(ws)),
+        weight_grad=tuple(prog("B", c, lambda seq, w=w: seq in w) for c, w in enumerate(ws)), w_pending_bytes=pending)
 
 

@@ -12,6 +12,17 @@ k + 1 for a backward): its recv ops wait for those transfers. Sends queue on the
 stream of their direction and overlap (and slow, ``gpu.py``) what the stage runs next. After its
 last backward a stage reduces gradients (grad_sync, comm stream) and then steps the optimizer.
 
+Zero-bubble orders (``schedule.SPLIT_BACKWARD``) hold W tasks: a B runs the backward without its
+weight-gradient ops (``RankCosts.input_grad``), a W those ops (``RankCosts.weight_grad``); a W needs
+nothing from another stage (its B ran before it on the same stage) and sends nothing. The
+gradient buckets of ``overlap_grad_reduce`` ride in the last W, where the gradients are made.
+``EngineOptions.post_validation`` (the zero-bubble paper's optimizer post-validation, section 4)
+removes the step's one synchronization of every stage, the optimizer's all-ranks collective
+(gradient norm, inf / NaN check), which the paper replaces by validating after the update and
+rolling back if needed: each stage then starts its next step when it is done and its first input
+arrives, so the step is the longest stage's span, from the end of its first task's leading
+receive to the end of its optimizer (the wait before that first task leaves the accounts).
+
 Gradient reduction overlap (``EngineOptions.overlap_grad_reduce``, Megatron-LM's
 ``--overlap-grad-reduce``) is off by default, as the trace records it: grad_sync after the last
 backward, which is what Megatron-LM does without the flag (the default of its DDP config) and
@@ -47,7 +58,7 @@ from dataclasses import dataclass, field
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import ep_pairs, is_second, with_buckets, with_overlaps, with_param_gather
 from echo.simulate.program import BLOCKING, Program, RankCosts, Run, replay
-from echo.training.schedule import Task
+from echo.training.schedule import Task, splits_backward
 
 _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its virtual stage)
 
@@ -60,6 +71,7 @@ class EngineOptions:
     overlap_param_gather: bool = False  # see the module docstring
     tp_comm_overlap: bool = False       # see the module docstring
     ep_comm_overlap: bool = False       # see the module docstring
+    post_validation: bool = False       # see the module docstring (symmetric mode)
     sharing: LinkSharing = max_min_share  # how overlapping transfers share links (gpu.py)
 
 
@@ -134,16 +146,24 @@ class Ledger:
                 self.exposed[kind] = self.exposed.get(kind, 0.0) + until - self.free
             self.free = until
 
-    def times(self, step: float) -> StageTimes:
-        return StageTimes(end_us=self.free, compute_us=self.compute, exposed_us=tuple(sorted(self.exposed.items())),
-                          bubble_us=self.bubble + step - self.free, slowdown_us=self.slowdown)
+    def times(self, step: float, lead: tuple[float, float] = (0.0, 0.0)) -> StageTimes:
+        """The account at a step of ``step``; ``lead``: (bubble, pp) before the first task began,
+        left out (post-validation: the stage's step starts there)."""
+        pp = lead[1]
+        exposed = dict(self.exposed)
+        if pp:
+            exposed["pp"] = exposed.get("pp", 0.0) - pp
+        # compute + exposed + bubble = free before; the lead's pp moves to the bubble, which the
+        # step then trims: compute + exposed' + bubble' = step
+        return StageTimes(end_us=self.free, compute_us=self.compute, exposed_us=tuple(sorted(exposed.items())),
+                          bubble_us=self.bubble + pp + step - self.free, slowdown_us=self.slowdown)
 
 
-def bucket_programs(costs: RankCosts, last_chunk: int, overlap: bool) -> tuple[Program, Program]:
-    """(last backward, grad_sync) programs of a stage whose last backward is of ``last_chunk``."""
+def bucket_programs(last: Program, grad_sync: Program, overlap: bool) -> tuple[Program, Program]:
+    """(last backward, grad_sync) programs of a stage whose last gradient-making task runs ``last``."""
     if not overlap:
-        return costs.backward[last_chunk], costs.grad_sync
-    return with_buckets(costs.backward[last_chunk], costs.grad_sync)
+        return last, grad_sync
+    return with_buckets(last, grad_sync)
 
 
 @dataclass(frozen=True)
@@ -157,6 +177,11 @@ class StagePrograms:
     grad_sync: Program
     optimizer: Program               # without the parameter all-gathers, if overlapped
     pairs: dict[int, Program] = field(default_factory=dict)  # position -> the combined program of it and the next
+    split: bool = False              # the order has W tasks (zero-bubble): B and W run apart
+
+    def program(self, task: Task) -> Program:
+        """The program a task of the order runs (before the per-position specials)."""
+        return self.costs.program(task.kind, task.chunk, self.split)
 
 
 def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptions) -> StagePrograms:
@@ -164,8 +189,12 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
     (overlap_grad_reduce), the first forward of each chunk with the parameter all-gathers
     (overlap_param_gather), every forward and backward with TP overlap (tp_comm_overlap)."""
     costs = with_overlaps(costs, options.tp_comm_overlap)
-    last = max((i for i, t in enumerate(order) if t.kind == "B"), default=-1)
-    last_b, grad_sync = bucket_programs(costs, order[last].chunk if last >= 0 else 0, options.overlap_grad_reduce)
+    split = splits_backward(list(order))
+    if split and options.ep_comm_overlap:
+        raise ValueError("ep_comm_overlap pairs a forward with a whole backward; it does not run with W tasks")
+    last = max((i for i, t in enumerate(order) if t.kind == ("W" if split else "B")), default=-1)
+    last_b, grad_sync = bucket_programs(costs.program(order[last].kind, order[last].chunk, split) if last >= 0
+                                        else Program(), costs.grad_sync, options.overlap_grad_reduce)
     special: dict[int, Program] = {}
     optimizer = costs.optimizer
     if options.overlap_param_gather:
@@ -179,7 +208,7 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
     pairs = {}
     if options.ep_comm_overlap:
         pairs = ep_pairs(order, lambda kind, c: (costs.forward if kind == "F" else costs.backward)[c], special)
-    return StagePrograms(costs, special, last, last_b, grad_sync, optimizer, pairs)
+    return StagePrograms(costs, special, last, last_b, grad_sync, optimizer, pairs, split)
 
 
 def drain_of(grad_sync: Program, overlap: bool, buckets: Program) -> tuple[str, str] | None:
@@ -211,6 +240,9 @@ class _Pipeline:
         # each optimizer before and from its all-ranks collective, where every stage meets
         self.optimizers = [_split_at_world(x.optimizer) for x in staged]
         self.pairs = [x.pairs for x in staged]
+        self.staged = staged
+        self.lead = [(0.0, 0.0)] * len(costs)   # (bubble, pp) before each stage's first task began
+        self.started = [False] * len(costs)
         self.opt_start = [0.0] * len(costs)
         self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
 
@@ -218,6 +250,8 @@ class _Pipeline:
         """What ``task`` (on virtual stage k) waits for, besides its own stage being free."""
         if task.kind == "F":
             return None if k == 0 else ("F", task.microbatch, k - 1)
+        if task.kind == "W":  # its B ran before it on this stage
+            return None
         return ("F", task.microbatch, k) if k == self.p * self.v - 1 else ("B", task.microbatch, k + 1)
 
     def try_run(self, s: int, order: Sequence[Task], pos: int) -> int:
@@ -232,7 +266,7 @@ class _Pipeline:
         inputs = [self.arrivals.pop(n) if n is not None else [] for n in needs]
         led, gpu = self.ledgers[s], self.gpus[s]
         last = pos == self.last_b[s]
-        parts = [(self.costs[s].forward if t.kind == "F" else self.costs[s].backward)[t.chunk] for t in tasks]
+        parts = [self.staged[s].program(t) for t in tasks]
         prog = pair or self.special[s].get(pos) or parts[0]
         recvs: list[tuple[float, float]] = []
         for x in ((1, 0) if pair is not None else (0,)):  # a combined program's backward comes first
@@ -247,6 +281,11 @@ class _Pipeline:
                 recvs = got
         run = replay(prog, gpu, led.free, recvs)
         begin = max([run.start, *(b for _, b in recvs[:prog.recvs])])
+        if not self.started[s]:
+            self.started[s] = True
+            # nothing ran before: the stage waited from 0 to begin, for a transfer in flight (pp) or not
+            pp = led.exposed.get("pp", 0.0) + min(run.exposed.get("pp", 0.0), begin - run.start)
+            self.lead[s] = (begin - pp, pp)
         led.add(run)
         if last:
             self.carried[s] = [f for f in run.flows if f[2].carry]
@@ -270,7 +309,7 @@ class _Pipeline:
         if task.kind == "F" and k == last:
             self.arrivals[("F", task.microbatch, k)] = []  # the loss' gradient stays here
             return
-        if task.kind == "B" and k == 0:
+        if (task.kind == "B" and k == 0) or task.kind == "W":
             return
         out = []
         for a, b, op in sends:
@@ -300,7 +339,7 @@ class _Pipeline:
         stage's arrival: the wait is exposed communication of its kind, as in full mode)."""
         after = self.optimizers[s][1]
         led = self.ledgers[s]
-        if after.ops:
+        if after.ops and not self.options.post_validation:
             led.wait(meet, after.ops[0].comm_kind)
         self._optimizer_part(s, after)
         self.events.append(Event(s, "compute", "optimizer", "optimizer", -1, -1, self.opt_start[s], led.free))
@@ -341,7 +380,11 @@ def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
     arrivals = [run.finish_step(s) for s in range(len(costs))]
     for s in range(len(costs)):
         run.finish_optimizer(s, max(arrivals))
-    step = max(led.free for led in run.ledgers)
-    stages = tuple(led.times(step) for led in run.ledgers)
+    if options.post_validation:  # each stage's span, without the wait before its first task
+        step = max(led.free - sum(lead) for led, lead in zip(run.ledgers, run.lead, strict=True))
+        stages = tuple(led.times(step, lead) for led, lead in zip(run.ledgers, run.lead, strict=True))
+    else:
+        step = max(led.free for led in run.ledgers)
+        stages = tuple(led.times(step) for led in run.ledgers)
     critical = max(range(len(stages)), key=lambda s: (stages[s].end_us, -s))
     return EngineResult(step_us=step, critical_stage=critical, stages=stages, events=tuple(run.events))

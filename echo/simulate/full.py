@@ -145,8 +145,7 @@ class _Full:
         while i < len(order):
             pair = staged.pairs.get(i)
             tasks = order[i:i + 2] if pair is not None else order[i:i + 1]
-            prog = pair or staged.special.get(i) or \
-                (costs.forward if tasks[0].kind == "F" else costs.backward)[tasks[0].chunk]
+            prog = pair or staged.special.get(i) or staged.program(tasks[0])
             self.flow_in[r] = -1
             run = yield from replay_steps(prog, gpu, led.free)
             led.add(run)
@@ -260,6 +259,9 @@ def simulate_full(ranks: Sequence[RankSpec], orders: Sequence[Sequence[Task]],
                   options: EngineOptions | None = None) -> EngineResult:
     """Run every rank through its stage's task order; see the module docstring."""
     options = options or EngineOptions()
+    if options.post_validation:
+        raise ValueError("post_validation (no optimizer synchronization between stages) is modelled in symmetric "
+                         "mode only")
     if not ranks:
         raise ValueError("full mode needs at least one rank")
     if len({r.costs.chunks for r in ranks}) != 1:

@@ -250,4 +250,6 @@ def with_overlaps(costs: RankCosts, tp_comm_overlap: bool) -> RankCosts:
     if not tp_comm_overlap:
         return costs
     return dataclasses.replace(costs, forward=tuple(with_tp_overlap(p) for p in costs.forward),
-                               backward=tuple(with_tp_overlap(p) for p in costs.backward))
+                               backward=tuple(with_tp_overlap(p) for p in costs.backward),
+                               input_grad=tuple(with_tp_overlap(p) for p in costs.input_grad),
+                               weight_grad=tuple(with_tp_overlap(p) for p in costs.weight_grad))

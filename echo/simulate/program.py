@@ -347,24 +347,43 @@ class RankCosts:
     """One rank's (or one pipeline stage's) task programs, ready for the engines."""
 
     forward: tuple[Program, ...]           # per chunk
-    backward: tuple[Program, ...]          # per chunk, recomputation included
+    backward: tuple[Program, ...]          # per chunk, recomputation included (B and W back to back)
     grad_sync: Program = Program()
     optimizer: Program = Program()
+    input_grad: tuple[Program, ...] = ()   # per chunk, the backward without its W ops (B; (): not split)
+    weight_grad: tuple[Program, ...] = ()  # per chunk, the weight-gradient ops (W; costing.split_backward)
+    w_pending_bytes: tuple[float, ...] = ()  # per chunk, what a W reads that its B leaves behind
 
     @property
     def chunks(self) -> int:
         return len(self.forward)
 
+    def program(self, kind: str, chunk: int, split: bool = False) -> Program:
+        """The program of a task: F, B (the whole backward, or its input-gradient part when the
+        order has W tasks: ``split``) or W."""
+        if kind == "F":
+            return self.forward[chunk]
+        if not split:
+            if kind == "W":
+                raise ValueError("a W task needs an order that splits the backward (zero-bubble schedules)")
+            return self.backward[chunk]
+        if not self.weight_grad:
+            raise ValueError("this trace's backwards were not split into B and W (no data dependencies)")
+        return (self.input_grad if kind == "B" else self.weight_grad)[chunk]
+
     def tasks(self) -> tuple[Program, ...]:
         return (*self.forward, *self.backward, self.grad_sync, self.optimizer)
 
+    def map_programs(self, fn) -> RankCosts:
+        """The same costs with every program replaced by ``fn(program)``."""
+        return dataclasses.replace(
+            self, forward=tuple(fn(p) for p in self.forward), backward=tuple(fn(p) for p in self.backward),
+            grad_sync=fn(self.grad_sync), optimizer=fn(self.optimizer),
+            input_grad=tuple(fn(p) for p in self.input_grad), weight_grad=tuple(fn(p) for p in self.weight_grad))
+
     def map_ops(self, op_of) -> RankCosts:
         """The same programs with every op replaced by ``op_of(op)`` (dependencies kept)."""
-        def prog(p: Program) -> Program:
-            return Program((op_of(op) for op in p.ops), p.waits)
-
-        return RankCosts(forward=tuple(prog(p) for p in self.forward), backward=tuple(prog(p) for p in self.backward),
-                         grad_sync=prog(self.grad_sync), optimizer=prog(self.optimizer))
+        return self.map_programs(lambda p: Program((op_of(op) for op in p.ops), p.waits))
 
 
 def scale_compute(costs: RankCosts, factor: float) -> RankCosts:
@@ -394,6 +413,11 @@ def slowest(costs: Sequence[RankCosts]) -> RankCosts:
         return max(progs, key=lambda p: p.cost.duration_us)
 
     n = costs[0].chunks
+    split = all(c.weight_grad for c in costs)
     return RankCosts(forward=tuple(pick(c.forward[i] for c in costs) for i in range(n)),
                      backward=tuple(pick(c.backward[i] for c in costs) for i in range(n)),
-                     grad_sync=pick(c.grad_sync for c in costs), optimizer=pick(c.optimizer for c in costs))
+                     grad_sync=pick(c.grad_sync for c in costs), optimizer=pick(c.optimizer for c in costs),
+                     input_grad=tuple(pick(c.input_grad[i] for c in costs) for i in range(n)) if split else (),
+                     weight_grad=tuple(pick(c.weight_grad[i] for c in costs) for i in range(n)) if split else (),
+                     w_pending_bytes=tuple(max(c.w_pending_bytes[i] for c in costs) for i in range(n))
+                     if all(c.w_pending_bytes for c in costs) else ())

@@ -13,7 +13,7 @@ from echo.config.workload import Workload
 from echo.training.layout import Layout
 from echo.training.schedule import Task
 
-_PHASE = {"F": "forward", "B": "backward"}
+_PHASE = {"F": "forward", "B": "backward", "W": None}  # a W task sends and receives nothing
 
 
 def schedule_table(w: Workload, comms: pa.Table, orders: Sequence[Sequence[Task]]) -> pa.Table:

@@ -47,7 +47,7 @@ def read_parquet_file(path: Path, columns: list[str] | None = None) -> pa.Table:
     return pq.ParquetFile(path).read(columns=columns)
 
 OPS_COLUMNS = ["rank", "seq", "name", "op_class", "kind", "phase", "chunk", "stream", "flops", "kernel_key",
-               "comm_id"]
+               "comm_id", "shapes", "dtype"]
 COMMS_COLUMNS = ["rank", "comm_id", "op", "group", "bytes", "group_kind", "blocking", "peer"]
 
 
@@ -61,21 +61,27 @@ def _rows_by_rank(path: Path, columns: list[str], ranks: set[int]) -> dict[int, 
     return out
 
 
-def _waits(trace_dir: Path, ranks: set[int], ops: Mapping[int, list[dict]],
-           comms: Mapping[int, Mapping[int, dict]]) -> dict[int, dict[int, list[int]]]:
-    """Per rank, op seq -> seqs of non-blocking collectives it consumes (the only deps the
-    stream-ordered replay cannot infer)."""
+def _deps(trace_dir: Path, ranks: set[int], ops: Mapping[int, list[dict]],
+          comms: Mapping[int, Mapping[int, dict]]) -> tuple[dict[int, dict[int, list[int]]], dict[int, dict | None]]:
+    """Per rank: (op seq -> seqs of non-blocking collectives it consumes, the only deps the
+    stream-ordered replay cannot infer; backward op seq -> seqs of the backward ops that read
+    its output, for the B / W split, None without deps.parquet)."""
     path = trace_dir / "deps.parquet"
-    out: dict[int, dict[int, list[int]]] = {r: {} for r in ranks}
+    waits: dict[int, dict[int, list[int]]] = {r: {} for r in ranks}
     if not path.is_file():
-        return out
+        return waits, dict.fromkeys(ranks)
+    consumers: dict[int, dict | None] = {r: {} for r in ranks}
     async_seqs = {r: {o["seq"] for o in rows if o["kind"] == "collective"
                       and not comms[r][o["comm_id"]]["blocking"]} for r, rows in ops.items()}
-    for d in _rows_by_rank(path, ["rank", "src", "dst"], ranks).values():
+    backward = {r: {o["seq"] for o in rows if o["phase"] in ("backward", "recompute")} for r, rows in ops.items()}
+    for d in _rows_by_rank(path, ["rank", "src", "dst", "kind"], ranks).values():
         for edge in d:
-            if edge["src"] in async_seqs[edge["rank"]]:
-                out[edge["rank"]].setdefault(edge["dst"], []).append(edge["src"])
-    return out
+            r, src = edge["rank"], edge["src"]
+            if src in async_seqs[r]:
+                waits[r].setdefault(edge["dst"], []).append(src)
+            if edge["kind"] == "data" and src in backward[r]:
+                consumers[r].setdefault(src, []).append(edge["dst"])
+    return waits, consumers
 
 
 def _class_table(rank_classes_path: Path) -> list[dict]:
@@ -108,7 +114,7 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, ctx: OpCont
     comms = {r: {c["comm_id"]: c for c in rows}
              for r, rows in _rows_by_rank(trace_dir / "comms.parquet", COMMS_COLUMNS, reps).items()}
     memory = {r["rank"]: r for r in read_parquet_file(trace_dir / "ranks.parquet").to_pylist()}
-    waits = _waits(trace_dir, reps, ops, comms)
+    waits, consumers = _deps(trace_dir, reps, ops, comms)
     out = []
     for c in table:
         rep = c["representative"]
@@ -117,7 +123,7 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, ctx: OpCont
         mem = memory[rep]
         out.append(ClassInfo(
             class_id=c["class_id"], representative=rep, stages=tuple(c["stages"]), ranks=c["ranks"],
-            costs=reduce_rank(ops[rep], comms[rep], ctx, waits[rep]),
+            costs=reduce_rank(ops[rep], comms[rep], ctx, waits[rep], consumers[rep]),
             state_bytes=mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_bytes"],
             activation_bytes=mem["activation_bytes_per_microbatch"],
             peak_bytes=mem.get("peak_bytes_per_microbatch") or 0,  # traces before the live meter lack it
@@ -247,7 +253,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         overlap_grad_reduce = par.overlap_grad_reduce
     options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce,
                                        overlap_param_gather=par.overlap_param_gather,
-                                       tp_comm_overlap=par.tp_comm_overlap, ep_comm_overlap=par.ep_comm_overlap)
+                                       tp_comm_overlap=par.tp_comm_overlap, ep_comm_overlap=par.ep_comm_overlap,
+                                       post_validation=par.post_validation)
     # ranks fill node_ranks GPUs of each node (ranks_per_node: e.g. 64 of an NVL72 rack's 72)
     if timer is None:
         timer = CommTimer(network)
@@ -292,7 +299,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                                    "overlap_grad_reduce": options.overlap_grad_reduce,
                                    "overlap_param_gather": options.overlap_param_gather,
                                    "tp_comm_overlap": options.tp_comm_overlap,
-                                   "ep_comm_overlap": options.ep_comm_overlap})
+                                   "ep_comm_overlap": options.ep_comm_overlap,
+                                   "post_validation": options.post_validation})
     write_parquet(summary, out_dir / "summary.parquet", SUMMARY)
     log.info("simulated %s on %s/%s (%s mode): step %.3f s, %d events, %.2f s wall", workload.name, hardware.name,
              topology.name, result.mode, result.step_us / 1e6, len(result.events), summary["sim_wall_s"][0].as_py())

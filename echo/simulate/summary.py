@@ -14,7 +14,8 @@ Memory is per rank (``memory_breakdown``), in named terms:
 
 - state: parameters + gradients + optimizer state (data_parallel.memory_model);
 - activations: one micro-batch's saved activations (the tracer's meter, all chunks) times the
-  chunk-micro-batches the stage's schedule keeps in flight (in_flight) over the chunks;
+  chunk-micro-batches the stage's schedule keeps in flight (in_flight) over the chunks; in a
+  zero-bubble order, plus what each W still owed keeps (the inputs of its weight-gradient GEMMs);
 - working memory: how far the traced micro-batch's live peak rises above its saved activations
   (the logits and the loss, the gradients of the layer in backward, a recomputed layer, FSDP's
   gathered parameters), once: the peak falls in one micro-batch's pass;
@@ -40,7 +41,7 @@ import pyarrow as pa
 from echo.simulate import variability
 from echo.simulate.engine import EngineResult
 from echo.simulate.program import RankCosts
-from echo.training.schedule import Task, in_flight, memory_order
+from echo.training.schedule import Task, memory_order, splits_backward
 
 GIB = 1 << 30
 EXPOSED_KINDS = ("tp", "cp", "ep", "dp", "edp", "dpcp", "pp")  # columns exposed_{kind}_s; others -> other
@@ -128,29 +129,36 @@ def memory_breakdown(c: ClassInfo, order: Sequence[Task]) -> MemoryBreakdown:
     working memory of one micro-batch above its saved activations, and the framework's buffers."""
     return rank_breakdown(state=c.state_bytes, activation=c.activation_bytes, peak=c.peak_bytes,
                           reserved=c.reserved_bytes, chunk_activation=c.chunk_activation_bytes,
-                          communicators=c.communicators, chunks=c.costs.chunks, order=order)
+                          communicators=c.communicators, chunks=c.costs.chunks, order=order,
+                          w_bytes=c.costs.w_pending_bytes)
 
 
 def rank_breakdown(*, state: float, activation: float, peak: float, chunk_activation: Sequence[float],
-                   communicators: int, chunks: int, order: Sequence[Task], reserved: float = 0) -> MemoryBreakdown:
+                   communicators: int, chunks: int, order: Sequence[Task], reserved: float = 0,
+                   w_bytes: Sequence[float] = ()) -> MemoryBreakdown:
     """``memory_breakdown`` from a traced rank's figures (ranks.parquet): ``activation`` covers
     all of the rank's ``chunks`` (``chunk_activation`` splits it; empty: evenly); ``peak`` is
     the traced micro-batch's live peak and ``reserved`` the caching allocator's (0: not measured)."""
     working = max(0.0, peak - activation) if peak else 0.0
-    return MemoryBreakdown(state=state, activations=activations_in_flight(activation, chunk_activation, chunks, order),
+    return MemoryBreakdown(state=state, activations=activations_in_flight(activation, chunk_activation, chunks, order,
+                                                                               w_bytes),
                            working=working, framework=framework_bytes(communicators) if communicators else 0.0,
                            fragmentation=max(0.0, reserved - peak) if reserved and peak else 0.0)
 
 
 def activations_in_flight(activation: float, chunk_activation: Sequence[float], chunks: int,
-                          order: Sequence[Task]) -> float:
+                          order: Sequence[Task], w_bytes: Sequence[float] = ()) -> float:
     """Most saved-activation bytes the order holds at once: each forward adds its chunk's share,
-    each backward frees it (the first chunk carries the embedding, the last the loss)."""
-    if len(chunk_activation) != chunks:
-        return activation * in_flight(list(order)) / chunks
+    each backward frees it (the first chunk carries the embedding, the last the loss). In an
+    order with W tasks a backward keeps what its chunk's W reads (``w_bytes``: the
+    weight-gradient GEMMs' inputs, the layers' inputs and output gradients) until that W runs."""
+    act = list(chunk_activation) if len(chunk_activation) == chunks else [activation / chunks] * chunks
+    split = splits_backward(list(order))
+    keep = list(w_bytes) if split and len(w_bytes) == chunks else [0.0] * chunks
     held = peak = 0.0
     for task in memory_order(list(order)):  # a combined forward counted after its backward
-        held += chunk_activation[task.chunk] if task.kind == "F" else -chunk_activation[task.chunk]
+        c = task.chunk
+        held += act[c] if task.kind == "F" else (keep[c] - act[c] if task.kind == "B" else -keep[c])
         peak = max(peak, held)
     return peak
 

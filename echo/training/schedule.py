@@ -1,7 +1,10 @@
 """Pipeline schedules as per-stage task orders.
 
 A schedule says, for every pipeline stage, in which order it runs the forward (F) and backward
-(B) passes of each micro-batch and model chunk. It says nothing about time: the engine turns the
+(B) passes of each micro-batch and model chunk; the zero-bubble schedules (Qi et al., ICLR 2024)
+split each backward into its input-gradient part (B) and its weight-gradient part (W: the
+weight-gradient GEMMs, ``echo.simulate.costing.split_backward``) and place W later, in what would
+otherwise be bubbles. The other schedules run B and W back to back as one backward. It says nothing about time: the engine turns the
 orders into a timeline, so one definition serves every workload and the bubble is an outcome,
 not an input. Chunk ``c`` on stage ``s`` is virtual stage ``c * stages + s`` (Megatron-LM's
 interleaved layout), so activations leave the last stage for stage 0 of the next chunk.
@@ -14,14 +17,17 @@ from dataclasses import dataclass
 
 from echo.config.workload import ParallelConfig
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+# the schedules whose orders hold W tasks (a backward split into input- and weight-gradient parts)
+SPLIT_BACKWARD = ("zb-h1", "zb-h2")
 
 
 @dataclass(frozen=True)
 class Task:
     """One pass of one micro-batch through one model chunk on one pipeline stage."""
 
-    kind: str        # "F" (forward) | "B" (backward, including any recomputation)
+    kind: str        # "F" (forward) | "B" (backward, recomputation included; the input-gradient
+                     # part alone in a schedule with W tasks) | "W" (weight-gradient part)
     microbatch: int
     chunk: int
     combined: bool = False  # a forward that runs together with the backward after it (combined 1F1B)
@@ -36,6 +42,8 @@ def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1
         raise ValueError(f"unknown pipeline schedule '{schedule}'; known: {', '.join(SCHEDULES)}")
     if stages < 1 or micro_batches < 1 or chunks < 1:
         raise ValueError(f"stages ({stages}), micro-batches ({micro_batches}) and chunks ({chunks}) must be >= 1")
+    if extra_warmup and schedule in SPLIT_BACKWARD:
+        raise ValueError(f"{schedule} has no combined 1F1B warm-up (ep_comm_overlap)")
     if schedule != "interleaved" and chunks != 1:
         raise ValueError(f"schedule {schedule} runs one chunk per stage, got {chunks} (use interleaved)")
     if schedule == "interleaved" and micro_batches % stages:
@@ -102,7 +110,55 @@ def _interleaved(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -
     return order + [task(k, "B") for k in range(total - warmup, total)]
 
 
-_BUILDERS = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved": _interleaved}
+def _zb_h1(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -> list[Task]:
+    """ZB-H1 (Qi et al., section 3.1; the paper's exact semantics): 1F1B's warm-up, then stage i
+    runs its first i steady-state pairs as F, B with their W held back, then F, B, W, the
+    cool-down as B, W, and the i held-back W last, where 1F1B's stage i idles at the end. The
+    in-flight micro-batches are 1F1B's (stages - stage); the bubble is
+    (stages - 1) x (T_F + T_B - T_W) against 1F1B's (stages - 1) x (T_F + T_B + T_W)."""
+    f = min(stages - stage - 1, m)
+    order, b, w = [Task("F", i, 0) for i in range(f)], 0, 0
+    for _ in range(stage):
+        if f == m:
+            break
+        order += [Task("F", f, 0), Task("B", b, 0)]
+        f, b = f + 1, b + 1
+    while f < m:
+        order += [Task("F", f, 0), Task("B", b, 0), Task("W", w, 0)]
+        f, b, w = f + 1, b + 1, w + 1
+    while b < m:
+        order += [Task("B", b, 0), Task("W", w, 0)]
+        b, w = b + 1, w + 1
+    return order + [Task("W", i, 0) for i in range(w, m)]
+
+
+def _zb_h2(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -> list[Task]:
+    """ZB-H2 (Qi et al., section 3.1): the warm-up fills the bubble before the first B with
+    forwards, 2 (stages - stage) - 1 on stage i (the first B reaches stage i after that many
+    forward times when T_F = T_B = T_W); then each B is followed by the next F, and stage i holds
+    back 2 i + 1 W (the last stage the most: it receives its forwards last), running the oldest
+    held-back W before each further B and the rest after the last B. With equal pass times every
+    stage is then busy from its first forward to its last W, a parallelogram: zero bubble once
+    the optimizer step no longer synchronizes the stages (``post_validation``). This is the
+    fixed point of a unit-time greedy list schedule (B first, F while under 2 (stages - i) - 1
+    micro-batches of activations, W when at most 2 i + 1 are held back). It holds about twice
+    1F1B's activations on the first stage."""
+    f, w = min(2 * (stages - stage) - 1, m), 0
+    hold = 2 * stage + 1
+    order = [Task("F", i, 0) for i in range(f)]
+    for b in range(m):
+        if b - w >= hold:
+            order.append(Task("W", w, 0))
+            w += 1
+        order.append(Task("B", b, 0))
+        if f < m:
+            order.append(Task("F", f, 0))
+            f += 1
+    return order + [Task("W", i, 0) for i in range(w, m)]
+
+
+_BUILDERS = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved": _interleaved, "zb-h1": _zb_h1,
+             "zb-h2": _zb_h2}
 
 
 def in_flight(order: list[Task]) -> int:
@@ -110,9 +166,25 @@ def in_flight(order: list[Task]) -> int:
     not yet): the activation-memory multiplier of the schedule, read off the order itself."""
     held = peak = 0
     for task in memory_order(order):
-        held += 1 if task.kind == "F" else -1
+        if task.kind != "W":
+            held += 1 if task.kind == "F" else -1
         peak = max(peak, held)
     return peak
+
+
+def w_pending(order: list[Task]) -> int:
+    """Most micro-batches whose W a stage still owes at once (B done, W not yet): each holds
+    what its weight-gradient GEMMs read (the layers' inputs and output gradients)."""
+    held = peak = 0
+    for task in order:
+        held += {"B": 1, "W": -1}.get(task.kind, 0)
+        peak = max(peak, held)
+    return peak if splits_backward(order) else 0
+
+
+def splits_backward(order: list[Task]) -> bool:
+    """Whether ``order`` runs its backwards split into B and W tasks."""
+    return any(t.kind == "W" for t in order)
 
 
 def memory_order(order: list[Task]) -> list[Task]:

@@ -1,0 +1,189 @@
+"""Zero-bubble schedules (Qi et al., ICLR 2024): the backward split into B and W, ZB-H1 and ZB-H2
+as stage orders, their bubbles against the paper's formulas, their memory, and a real trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_simulate import check_split, compute, recv, send, topology
+from test_simulate_modes import SLOW, assert_same, traced
+
+from echo.config import parse_workload
+from echo.errors import ConfigError
+from echo.simulate import EngineOptions, Program, RankCosts, simulate
+from echo.simulate.costing import split_backward
+from echo.simulate.summary import activations_in_flight
+from echo.training.schedule import in_flight, stage_orders, w_pending
+
+
+def pipeline_bw(p: int, F: float, B: float, W: float) -> list[RankCosts]:
+    """p identical stages whose backward is B then W (the gradient leaves after both, as a
+    backward that is not split sends it); split, B sends as soon as it is done."""
+    out = []
+    for k in range(p):
+        first, last = k == 0, k == p - 1
+        fwd = ([] if first else [recv(0, "fwd")]) + [compute(1, F)] + ([] if last else [send(2, 0.0, "fwd")])
+        head = [] if last else [recv(0, "bwd")]
+        tail = [] if first else [send(3, 0.0, "bwd")]
+        out.append(RankCosts(forward=(Program(fwd),), backward=(Program(head + [compute(1, B), compute(2, W)] + tail),),
+                             input_grad=(Program(head + [compute(1, B)] + tail),),
+                             weight_grad=(Program([compute(2, W)]),), w_pending_bytes=(1.0,)))
+    return out
+
+
+TIMES = [(1.0, 1.0, 1.0), (2.0, 2.0, 1.0), (1.0, 1.0, 0.5), (1.5, 1.0, 1.0)]
+
+
+@pytest.mark.parametrize("F,B,W", TIMES)
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 24), (4, 16)])
+def test_bubbles_follow_the_papers_formulas(F, B, W, p, m):
+    """Section 3.1: 1F1B (p-1)(T_F+T_B+T_W), ZB-H1 (p-1)(T_F+T_B-T_W), ZB-H2 with post-validation
+    (p-1)(T_F+T_B-2T_W) (enough micro-batches to fill its warm-up: m >= 2p - 1)."""
+    costs = pipeline_bw(p, F, B, W)
+    want = {"1f1b": (p - 1) * (F + B + W), "zb-h1": (p - 1) * (F + B - W), "zb-h2": (p - 1) * (F + B - 2 * W)}
+    for sched, bubble in want.items():
+        r = simulate(costs, stage_orders(sched, p, m), EngineOptions(post_validation=sched == "zb-h2"))
+        assert r.step_us == pytest.approx(m * (F + B + W) + bubble), sched
+        assert max(st.bubble_us for st in r.stages) == pytest.approx(bubble), sched
+        check_split(r)
+
+
+def test_zb_h2_without_post_validation_waits_for_the_last_stage():
+    """The parallelogram: stage i ends i forward-times after stage 0; with the optimizer's
+    synchronization the step waits for the last one, as ZB-H1 does at equal pass times."""
+    p, m = 4, 16
+    costs = pipeline_bw(p, 1.0, 1.0, 1.0)
+    sync = simulate(costs, stage_orders("zb-h2", p, m))
+    free = simulate(costs, stage_orders("zb-h2", p, m), EngineOptions(post_validation=True))
+    assert free.step_us == pytest.approx(3 * m)
+    assert sync.step_us == pytest.approx(3 * m + p - 1)
+    assert [st.end_us for st in free.stages] == pytest.approx([3 * m + s for s in range(p)])
+
+
+@pytest.mark.parametrize("sched", ["zb-h1", "zb-h2"])
+@pytest.mark.parametrize("p,m", [(1, 3), (4, 2), (4, 8), (8, 5), (8, 32)])
+def test_orders_run_each_pass_once_and_w_after_its_b(sched, p, m):
+    for order in stage_orders(sched, p, m):
+        assert sorted((t.kind, t.microbatch) for t in order) == sorted((k, i) for k in "FBW" for i in range(m))
+        pos = {(t.kind, t.microbatch): i for i, t in enumerate(order)}
+        assert all(pos[("F", i)] < pos[("B", i)] < pos[("W", i)] for i in range(m))
+        for kind in "FBW":  # each kind in micro-batch order
+            mbs = [t.microbatch for t in order if t.kind == kind]
+            assert mbs == sorted(mbs)
+    simulate(pipeline_bw(p, 1.0, 1.0, 0.5), stage_orders(sched, p, m))  # and they do not deadlock
+
+
+def test_memory_each_schedule_holds():
+    """ZB-H1 holds 1F1B's activations (p - i on stage i) and owes at most i + 1 W; ZB-H2 holds
+    2 (p - i) - 1 and owes at most 2 i + 1; 1F1B owes none."""
+    p, m = 4, 16
+    assert [in_flight(o) for o in stage_orders("zb-h1", p, m)] == [in_flight(o) for o in stage_orders("1f1b", p, m)]
+    assert [in_flight(o) for o in stage_orders("zb-h1", p, m)] == [p - s for s in range(p)]
+    assert [w_pending(o) for o in stage_orders("zb-h1", p, m)] == [s + 1 for s in range(p)]
+    assert [in_flight(o) for o in stage_orders("zb-h2", p, m)] == [2 * (p - s) - 1 for s in range(p)]
+    assert [w_pending(o) for o in stage_orders("zb-h2", p, m)] == [2 * s + 1 for s in range(p)]
+    assert [w_pending(o) for o in stage_orders("1f1b", p, m)] == [0] * p
+
+
+def test_activation_bytes_with_w_pending_by_hand():
+    """10 bytes of activations a micro-batch, of which W reads 4 (its inputs and output gradients):
+    F +10, B -10 +4, W -4."""
+    order = stage_orders("zb-h1", 2, 4)[1]  # the last of 2 stages
+    assert " ".join(f"{t.kind}{t.microbatch}" for t in order) == "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3"
+    held = peak = 0.0
+    for t in order:
+        held += {"F": 10.0, "B": -6.0, "W": -4.0}[t.kind]
+        peak = max(peak, held)
+    assert activations_in_flight(10.0, (10.0,), 1, order, (4.0,)) == pytest.approx(peak)
+    assert peak == pytest.approx(10 + 4)  # a forward in flight beside the W the stage holds back
+    plain = stage_orders("1f1b", 2, 4)[1]
+    assert activations_in_flight(10.0, (10.0,), 1, plain, (4.0,)) == pytest.approx(10.0)
+
+
+def test_split_backward_by_hand():
+    """A linear layer's backward: dgrad GEMM -> norm backward (B), wgrad GEMM -> cast -> accumulate
+    (W), a bias sum (B), a GEMM whose result feeds attention (B)."""
+    rows = [dict(seq=s, kind="compute", phase="backward", op_class=c) for s, c in
+            [(1, "gemm"), (2, "norm"), (3, "gemm"), (4, "copy"), (5, "elementwise"), (6, "reduction"),
+             (7, "gemm"), (8, "attention")]]
+    consumers = {1: [2], 3: [4], 4: [5], 7: [8], 5: [99]}  # 99: the optimizer, outside the task
+    assert split_backward(rows, consumers) == {3, 4, 5}
+
+
+def test_workload_keys():
+    base = {"model": {"arch": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
+            "training": {"global_batch": 8, "micro_batch": 1}}
+    w = parse_workload({**base, "parallel": {"pp": 2, "schedule": "zb-h2", "post_validation": True}}, Path("zb.yaml"))
+    plain = parse_workload({**base, "parallel": {"pp": 2}}, Path("zb.yaml"))
+    assert w.trace_dump() == plain.trace_dump()  # schedule and post-validation are simulation only
+    with pytest.raises(ConfigError, match="parallel.virtual_stages"):
+        parse_workload({**base, "parallel": {"pp": 2, "schedule": "zb-h1", "virtual_stages": 2}}, Path("v.yaml"))
+    with pytest.raises(ConfigError, match="parallel.schedule"):
+        parse_workload({**base, "parallel": {"pp": 2, "schedule": "zb-v"}}, Path("zbv.yaml"))
+
+
+# --- a real trace -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pp_trace(tmp_path_factory):
+    """A small GPT traced for real: TP2 PP4 (8 ranks), ZeRO 1 over DP1, bf16."""
+    return traced(tmp_path_factory.mktemp("zb"), {
+        "model": {"arch": "gpt", "layers": 8, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
+        "parallel": {"tp": 2, "pp": 4, "dp": 1, "zero": 1, "sequence_parallel": True},
+        "training": {"global_batch": 16, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}, "zb-8")
+
+
+def _context(root):
+    from echo.network import NetworkModel
+    from echo.simulate.costing import CommTimer, OpContext
+    from echo.simulate.stage import load_kernels
+
+    topo = topology(2)
+    return OpContext(load_kernels(root / "kernels.parquet"), CommTimer(NetworkModel(topo)), SLOW, topo.node_ranks)
+
+
+def test_the_split_on_a_real_trace(pp_trace):
+    """Each stage's W holds the weight-gradient GEMMs (one per linear layer: 4 a block, the head's
+    on the last stage) and nothing else reads them; B + W = the whole backward."""
+    from echo.simulate.stage import load_classes
+
+    w, root = pp_trace
+    classes = load_classes(w, root / "trace", root / "rank_classes.parquet", _context(root))
+    ops = pq.read_table(root / "trace" / "ops.parquet").to_pylist()
+    for c in classes:
+        costs = c.costs
+        b, wg, whole = costs.input_grad[0], costs.weight_grad[0], costs.backward[0]
+        assert sorted(op.seq for op in b.ops + wg.ops) == sorted(op.seq for op in whole.ops)
+        assert b.cost.compute_us + wg.cost.compute_us == pytest.approx(whole.cost.compute_us, rel=1e-9)
+        gemms = [op for op in wg.ops if op.op_class == "gemm"]
+        stage = c.stages[0]
+        assert len(gemms) == 4 * 2 + (1 if stage == 3 else 0)  # 2 blocks a stage, qkv / proj / fc1 / fc2
+        assert all(op.code == 0 for op in wg.ops)  # compute only: no collective, no send
+        # a linear layer's data and weight gradients are GEMMs of the same FLOPs, one in B, one in W
+        assert sum(op.flops for op in gemms) == pytest.approx(sum(op.flops for op in b.ops if op.op_class == "gemm"))
+        assert costs.w_pending_bytes[0] > 0
+        rows = {r["seq"]: r for r in ops if r["rank"] == c.representative}
+        assert all(rows[op.seq]["phase"] == "backward" for op in wg.ops)
+
+
+@pytest.mark.parametrize("sched", ["zb-h1", "zb-h2"])
+def test_a_real_trace_in_both_modes(pp_trace, sched):
+    """The zero-bubble orders on a real trace: faster than 1F1B, full mode = symmetric mode, more
+    activation memory for ZB-H2."""
+    from test_simulate_overlap_flags import _simulate
+
+    w, root = pp_trace
+    zb = w.model_copy(update={"parallel": w.parallel.model_copy(update={"schedule": sched})})
+    base = _simulate(w, root, "1f1b")
+    sym = _simulate(zb, root, f"{sched}-sym")
+    full = _simulate(zb, root, f"{sched}-full", mode="full")
+    assert_same(sym, full)
+    assert sym["step_time_s"] < base["step_time_s"]
+    assert sym["bubble_s"] < base["bubble_s"]
+    if sched == "zb-h2":
+        assert sym["peak_mem_gib"] > base["peak_mem_gib"]
+    free = _simulate(zb.model_copy(update={"parallel": zb.parallel.model_copy(update={"post_validation": True})}),
+                     root, f"{sched}-pv")
+    assert free["step_time_s"] <= sym["step_time_s"] + 1e-12
+    assert free["post_validation"] is True
