@@ -139,7 +139,7 @@ class _Full:
         spec, gpu, led = self.ranks[r], self.gpus[r], self.ledgers[r]
         order = self.orders[spec.stage]
         staged = stage_programs(spec.costs, order, self.options)
-        costs, last_b, grad_sync = staged.costs, staged.last_b, staged.grad_sync
+        last_b, grad_sync = staged.last_b, staged.grad_sync
         carried: list = []
         i = 0
         while i < len(order):
