@@ -85,9 +85,10 @@ class ParallelConfig(BaseModel):
     ep: PositiveInt = Field(1, description="expert-parallel degree, folded over the tp x cp x dp ranks of a stage (Megatron-Core)")
     sequence_parallel: bool = Field(False, description="shard norms/dropout over tp (all-gather/reduce-scatter instead of all-reduce)")
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"] = Field(
-        "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1 and zb-h2: the zero-bubble "
-        "schedules of Qi et al., each backward split into its input- and weight-gradient parts)")
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p"] = Field(
+        "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1, zb-h2 and zb-2p: the zero-bubble "
+        "schedules of Qi et al., each backward split into its input- and weight-gradient parts; zb-2p is "
+        "built for the stages' own pass times, echo.training.zb_auto)")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
     overlap_grad_reduce: bool = Field(
         False, description="Megatron-LM's --overlap-grad-reduce: gradient buckets are reduced during the last "

@@ -59,6 +59,7 @@ from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import ep_pairs, is_second, with_buckets, with_overlaps, with_param_gather
 from echo.simulate.program import BLOCKING, Program, RankCosts, Run, replay
 from echo.training.schedule import Task, splits_backward
+from echo.training.zb_auto import PassTimes
 
 _Key = tuple[str, int, int]  # (kind of the producing task, micro-batch, its virtual stage)
 
@@ -356,6 +357,21 @@ def _split_at_world(prog: Program) -> tuple[Program, Program]:
     """``prog`` before and from its first blocking collective over every rank (group kind world)."""
     i = next((i for i, op in enumerate(prog.ops) if op.code == BLOCKING and op.comm_kind == "world"), len(prog.ops))
     return Program(prog.ops[:i], prog.waits), Program(prog.ops[i:], prog.waits)
+
+
+def pass_times(costs: Sequence[RankCosts], activations: Sequence[float]) -> list[PassTimes]:
+    """Each stage's F, B and W times (their programs' clean replays, chunk 0), its longest p2p
+    send and the share of its micro-batch's activations (``activations``, bytes) that a W owed
+    keeps: what a schedule built for the pass times (``schedule.TIMED``) is built on."""
+    out = []
+    for c, activation in zip(costs, activations, strict=True):
+        if not c.weight_grad:
+            raise ValueError("a schedule built for pass times needs the backward split into B and W")
+        sends = [op.duration_us for p in (c.forward[0], c.input_grad[0]) for op in p.send_ops]
+        out.append(PassTimes(c.forward[0].cost.duration_us, c.input_grad[0].cost.duration_us,
+                             c.weight_grad[0].cost.duration_us, max(sends, default=0.0),
+                             c.w_pending_bytes[0] / activation if activation else 0.0))
+    return out
 
 
 def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],

@@ -27,13 +27,13 @@ from echo.network.model import CollectiveCosts, NetworkModel
 from echo.overlap.table import Slowdown, slowdown_table
 from echo.simulate import variability
 from echo.simulate.costing import CommTimer, OpContext, reduce_rank
-from echo.simulate.engine import EngineOptions, simulate
+from echo.simulate.engine import EngineOptions, pass_times, simulate
 from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
 from echo.simulate.perfetto import chrome_trace, timeline_table
 from echo.simulate.program import RankCosts, scale_compute, slowest
 from echo.simulate.schedule_table import schedule_table
 from echo.simulate.summary import ClassInfo, summary_table
-from echo.training.schedule import orders_of
+from echo.training.schedule import TIMED, orders_of
 
 MODES = ("symmetric", "full")
 FULL_MODE_MAX_RANKS = 4096  # full mode replays every rank: beyond this it takes minutes to hours
@@ -167,6 +167,16 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabe
     return [slowest(by_stage[s]) for s in range(stages)]
 
 
+def stage_activations(classes: list[ClassInfo], stages: int) -> list[float]:
+    """Each pipeline stage's saved activations of one micro-batch (the largest of its classes)."""
+    out = [0.0] * stages
+    for c in classes:
+        for s in c.stages:
+            if 0 <= s < stages:
+                out[s] = max(out[s], float(c.activation_bytes))
+    return out
+
+
 def _heterogeneous(costs: list[RankCosts], stage_kernels: Mapping[int, Sequence[Path | str]], workload,
                    trace_dir: Path, rank_classes_path: Path, mesh: Relabel, ctx: OpContext) -> list[RankCosts]:
     """Each listed stage's programs as the slowest of the GPU models it runs on (``run_simulate``);
@@ -262,7 +272,6 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         raise ValueError("simulate: the timer given times another network than the one given")
     ctx = OpContext(load_kernels(Path(kernels_path)), timer, slow, topology.node_ranks)
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
-    orders = orders_of(par, workload.micro_batches)
     mesh, cols = read_mesh(Path(rank_classes_path))
     costs = stage_costs(classes, par.pp, par.virtual_stages, mesh, ctx)  # also checks the classes cover the pipeline
     if stage_kernels:
@@ -271,6 +280,10 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         costs = _heterogeneous(costs, stage_kernels, workload, trace_dir, Path(rank_classes_path), mesh, ctx)
     slow_stages = variability.stage_factors(stragglers, dict(zip(cols["rank"], cols["pp_rank"], strict=True))) \
         if stragglers else {}
+    costs = [scale_compute(c, slow_stages.get(s, 1.0)) for s, c in enumerate(costs)]
+    # a schedule built for the stages' pass times (zb-2p) gets them from the programs it will run
+    orders = orders_of(par, workload.micro_batches,
+                       pass_times(costs, stage_activations(classes, par.pp)) if par.schedule in TIMED else None)
     if mode == "full":
         scale = dict(compute_scale or {})
         for rank, factor in (stragglers or {}).items():
@@ -278,7 +291,7 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         result = simulate_full(full_ranks(classes, mesh, cols, ctx, scale), orders, options)
         rank_class = dict(zip(cols["rank"], cols["class_id"], strict=True))
     else:
-        result = simulate([scale_compute(c, slow_stages.get(s, 1.0)) for s, c in enumerate(costs)], orders, options)
+        result = simulate(costs, orders, options)
         rank_class = None
     stage_classes: dict[int, list[int]] = {}
     for c in classes:

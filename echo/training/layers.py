@@ -111,5 +111,9 @@ def attention_core(q, k, v, selective: bool, hook: RecomputeHook, cp_group=None,
     if kind == "math":
         core = lambda q, k, v: math_attention(q, k, v, dropout)  # noqa: E731
     else:
-        core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)  # noqa: E731
+        # A fused kernel drops attention weights inside itself (FlashAttention's dropout_p: its RNG
+        # runs in the kernel, its cost is not modelled) and saves no s x s tensor. On the tracing
+        # CPU, SDPA with dropout_p > 0 would fall back to the unfused path (scores, probabilities
+        # and mask materialized), which no GPU flash kernel runs: the fused kernel is traced alone.
+        core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     return recomputed(core, hook)(q, k, v) if selective else core(q, k, v)

@@ -12,14 +12,17 @@ interleaved layout), so activations leave the last stage for stage 0 of the next
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from echo.config.workload import ParallelConfig
+from echo.training.zb_auto import PassTimes, greedy_orders, spans
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p")
 # the schedules whose orders hold W tasks (a backward split into input- and weight-gradient parts)
-SPLIT_BACKWARD = ("zb-h1", "zb-h2")
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p")
+# the schedules whose orders depend on the stages' pass times (echo.training.zb_auto)
+TIMED = ("zb-2p",)
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,11 @@ class Task:
 
 
 def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1,
-                 extra_warmup: int = 0) -> list[list[Task]]:
+                 extra_warmup: int = 0, times: Sequence[PassTimes] | None = None) -> list[list[Task]]:
     """Every stage's task order for ``schedule``; refuses combinations the schedule cannot run.
     ``extra_warmup``: forwards each stage of a 1F1B schedule runs before its steady state beyond
-    the schedule's own warm-up (combined 1F1B: see ``orders_of``)."""
+    the schedule's own warm-up (combined 1F1B: see ``orders_of``). ``times``: each stage's pass
+    times, which a ``TIMED`` schedule is built for (None: equal F, B and W times, no transfer)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule '{schedule}'; known: {', '.join(SCHEDULES)}")
     if stages < 1 or micro_batches < 1 or chunks < 1:
@@ -50,16 +54,29 @@ def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1
         raise ValueError(f"interleaved needs micro-batches ({micro_batches}) divisible by stages ({stages})")
     if extra_warmup and schedule == "gpipe":
         raise ValueError("gpipe has no warm-up to extend")
+    if schedule in TIMED:
+        times = list(times) if times is not None else [PassTimes(1.0, 1.0, 1.0)] * stages
+        if len(times) != stages:
+            raise ValueError(f"{schedule}: {len(times)} stages' pass times for {stages} stages")
+        # ZB-2p: at most twice 1F1B's peak activations (stage 0's: stages micro-batches) on every
+        # stage, a W owed counting what it keeps; the better of the greedy order and ZB-H2 (which
+        # keeps within the same limit) at the pass level, as the paper keeps its best heuristic
+        limit = [2.0 * stages] * stages
+        greedy = greedy_orders(times, micro_batches, limit)
+        hand = [[(t.kind, t.microbatch) for t in _zb_h2(s, stages, micro_batches, 1)] for s in range(stages)]
+        best = min((greedy, hand), key=lambda o: max(spans(times, o)))
+        return [[Task(kind, mb, 0) for kind, mb in o] for o in best]
     build: Callable[[int, int, int, int, int], list[Task]] = _BUILDERS[schedule]
     return [build(s, stages, micro_batches, chunks, extra_warmup) for s in range(stages)]
 
 
-def orders_of(p: ParallelConfig, micro_batches: int) -> list[list[Task]]:
-    """The task orders a workload's layout runs. With ``ep_comm_overlap`` (Megatron-Core's combined
+def orders_of(p: ParallelConfig, micro_batches: int, times: Sequence[PassTimes] | None = None) -> list[list[Task]]:
+    """The task orders a workload's layout runs (``times``: the stages' pass times, for a
+    ``TIMED`` schedule). With ``ep_comm_overlap`` (Megatron-Core's combined
     1F1B) each stage warms up one micro-batch more: a steady-state pair (forward k, backward j) then
     holds two independent passes. Without it the last stage would pair a micro-batch's forward with
     its own backward, which needs that forward's loss."""
-    orders = stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages, int(p.ep_comm_overlap))
+    orders = stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages, int(p.ep_comm_overlap), times)
     return [combine_steady_state(o) for o in orders] if p.ep_comm_overlap else orders
 
 

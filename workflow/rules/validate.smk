@@ -4,8 +4,11 @@
 #   validate_local  results/validate/local.parquet        the local layouts' step-time errors
 #   validate        results/validate/published.parquet    published cluster measurements (+ .png)
 #   validate_errors results/validate/errors.md            the tables of errors (for the README)
+#   validate_zero_bubble results/validate/zero_bubble.{parquet,md}  the zero-bubble paper's
+#                   measured schedules (one trace per model, each row's schedule simulated from it)
 # `make validate` asks for errors.md, which needs all of them.
 
+from echo.validate import zero_bubble as zb
 from echo.validate.published import SOURCES
 from echo.validate.targets import LOCAL_TARGET, measured_here, published_targets
 
@@ -93,3 +96,33 @@ rule validate_errors:
         "../envs/echo.yaml"
     script:
         "../scripts/validate_errors.py"
+
+
+ZB_WORKLOADS = zb.workload_names(CONFIG_DIR)
+
+
+rule validate_zero_bubble:
+    input:
+        references=[REFERENCE / zb.THROUGHPUT, REFERENCE / zb.MODELS],
+        ops=[paths.TRACE("ops.parquet", workload=w) for w in ZB_WORKLOADS],
+        rank_classes=[paths.DEDUP("rank_classes.parquet", workload=w) for w in ZB_WORKLOADS],
+        kernels=[paths.PROFILE("kernels.parquet", workload=w, hardware=zb.HARDWARE) for w in ZB_WORKLOADS],
+        network=paths.CALIBRATE("network.json", topology=zb.TOPOLOGY),
+        summaries=paths.simulated([(w, zb.HARDWARE, zb.TOPOLOGY) for w in ZB_WORKLOADS], "summary.parquet"),
+    output:
+        table=paths.VALIDATE("zero_bubble.parquet"),
+        markdown=paths.VALIDATE("zero_bubble.md"),
+    params:
+        workloads=[workload_config(w).model_dump() for w in ZB_WORKLOADS],
+        hardware=hardware_config(zb.HARDWARE).model_dump(),
+        topology=topology_config(zb.TOPOLOGY).model_dump(),
+        reference=lambda w, input: str(Path(input.references[0]).parent),
+        code=code_version("validate"),
+    log:
+        "logs/validate/zero_bubble.log",
+    benchmark:
+        "results/benchmarks/validate/zero_bubble.tsv"
+    conda:
+        "../envs/echo.yaml"
+    script:
+        "../scripts/validate_zero_bubble.py"
