@@ -233,7 +233,8 @@ def test_generated_workloads_are_committed(reference, tmp_path):
 
     (tmp_path / "workloads").mkdir()
     written = zb.write_workloads(tmp_path, reference)
-    assert [p.stem for p in written] == ["zb-gpt-1.5b", "zb-gpt-6.2b", "zb-gpt-14.6b", "zb-gpt-28.3b"]
+    assert {"zb-gpt-1.5b", "zb-gpt-28.3b", "zb-gpt-6.2b-p16-b6", "zb-gpt-6.2b-p16-b6-v"} <= {p.stem for p in written}
+    assert len(written) == 10  # Table 3's four setups, Table 6's three, each also in a V
     for p in written:
         assert p.read_text() == (CONFIG_ROOT / "workloads" / p.name).read_text(), \
             f"{p.name} is stale: run python -m echo.validate.zero_bubble"
@@ -247,9 +248,14 @@ def test_rows_and_speedups_by_hand(reference):
     t4 = [r for r in rows if r.table == "Table 4"]
     assert len(t4) == 36 and {r.paper_schedule for r in t4} == {"1F1B", "ZB-1p", "ZB-2p"}  # 1F1B-I left out
     assert len([r for r in rows if r.table == "Table 10"]) == 8
+    t6 = [r for r in rows if r.table == "Table 6"]
+    assert len(t6) == 27 and {r.paper_schedule for r in t6} == {"1F1B", "ZB-1p", "ZB-V"}  # ZB-2p* left out
+    assert {r.workload for r in t6 if r.schedule == "zb-v"} == {"zb-gpt-6.2b-p16-b6-v", "zb-gpt-14.6b-p24-b2-v",
+                                                                 "zb-gpt-28.3b-p32-b2-v"}
     first = next(r for r in t4 if r.model == "1.5B" and r.micro_batches == 24 and r.paper_schedule == "1F1B")
     assert first.measured_step_s == pytest.approx(6 * 24 / (11.8 * 8))
     assert zb.stage_layers(22, 8) == [2, 3, 3, 3, 3, 3, 3, 2] and zb.stage_layers(62, 32) == [1] + [2] * 30 + [1]
+    assert zb.stage_layers(30, 32) == [0] + [1] * 30 + [0]  # ZB-V's 2 x 16 virtual stages
     zb1 = next(r for r in t4 if r.model == "1.5B" and r.micro_batches == 24 and r.paper_schedule == "ZB-1p")
     steps = {first: {"step_time_s": 2.0, "bubble_s": 0.5, "peak_mem_gib": 30.0},
              zb1: {"step_time_s": 1.6, "bubble_s": 0.1, "peak_mem_gib": 31.0}}
@@ -261,3 +267,81 @@ def test_rows_and_speedups_by_hand(reference):
     assert got["speedup_error_pp"] == pytest.approx((1.25 - 12.9 / 11.8) * 100)
     assert (got["schedule"], got["post_validation"]) == ("zb-h1", True)
     assert "speed-up over 1F1B: mean |difference|" in zb.markdown(zb.zero_bubble_table(rows, steps))
+
+
+# --- ZB-V: two chunks a stage in a V ----------------------------------------------------------------
+def pipeline_v(p: int, F: float, B: float, W: float) -> list[RankCosts]:
+    """p stages of two chunks in a V (stage s: virtual stages s and 2p - 1 - s), each chunk a
+    pass of F / B / W; the turn at the last stage is local (no send)."""
+    out = []
+    for s in range(p):
+        fwd, bi, wg, whole = [], [], [], []
+        for c, k in ((0, s), (1, 2 * p - 1 - s)):
+            recv_f = k > 0 and not (c == 1 and s == p - 1)
+            send_f = k < 2 * p - 1 and not (c == 0 and s == p - 1)
+            recv_b, send_b = send_f, recv_f
+            fwd.append(Program(([recv(0, "fwd")] if recv_f else []) + [compute(1, F)] +
+                               ([send(2, 0.0, "fwd")] if send_f else [])))
+            head = [recv(0, "bwd")] if recv_b else []
+            tail = [send(3, 0.0, "bwd")] if send_b else []
+            bi.append(Program(head + [compute(1, B)] + tail))
+            wg.append(Program([compute(2, W)]))
+            whole.append(Program(head + [compute(1, B), compute(2, W)] + tail))
+        out.append(RankCosts(forward=tuple(fwd), backward=tuple(whole), input_grad=tuple(bi),
+                             weight_grad=tuple(wg), w_pending_bytes=(1.0, 1.0)))
+    return out
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (8, 24)])
+def test_zb_v_at_equal_times(p, m):
+    """ZB-V (section 6): with T_F = T_B = T_W and 1F1B's peak memory, nearly no bubble, less than
+    ZB-H1's over the same stages (a whole stage's pass = two chunks)."""
+    from echo.simulate import EngineOptions as Opt
+
+    orders = stage_orders("zb-v", p, m, 2)
+    for o in orders:
+        assert sorted((t.kind, t.microbatch, t.chunk) for t in o) == \
+            sorted((k, i, c) for k in "FBW" for i in range(m) for c in range(2))
+    r = simulate(pipeline_v(p, 0.5, 0.5, 0.5), orders, Opt(post_validation=True, placement="v"))
+    check_split(r)
+    ideal = 3 * m
+    h1 = simulate(pipeline_bw(p, 1.0, 1.0, 1.0), stage_orders("zb-h1", p, m), Opt(post_validation=True))
+    assert r.step_us < h1.step_us
+    assert r.step_us - ideal <= p * 0.5  # a chunk forward per stage at most (1F1B: 3 (p - 1))
+    for o in orders:  # a W owed counted whole (the default times): held = forwards done - W done
+        kinds = [t.kind for t in o]
+        assert max(kinds[:i + 1].count("F") - kinds[:i + 1].count("W") for i in range(len(o))) <= 2 * p
+    assert max(in_flight(o) for o in orders) <= 2 * p  # chunk-micro-batches: 1F1B's p whole ones
+    assert max(w_pending(o) for o in orders) < m  # bounded: not every W held back
+
+
+@pytest.fixture(scope="module")
+def v_trace(tmp_path_factory):
+    """A small GPT traced for real in ZB-V's placement: TP2 PP4, two chunks a rank in a V, the
+    first and last virtual stage holding the embedding and the head alone."""
+    return traced(tmp_path_factory.mktemp("zbv"), {
+        "model": {"arch": "gpt", "layers": 6, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
+        "parallel": {"tp": 2, "pp": 4, "dp": 1, "zero": 1, "schedule": "zb-v", "virtual_stages": 2,
+                     "stage_layers": [0, 1, 1, 1, 1, 1, 1, 0]},
+        "training": {"global_batch": 16, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}, "zbv-8")
+
+
+def test_zb_v_on_a_real_trace(v_trace):
+    """The V on a real trace: rank 0 holds the embedding and the loss, the last rank turns locally
+    (no send to itself), p2p peers follow the V; full mode = symmetric mode."""
+    from test_simulate_overlap_flags import _simulate
+
+    w, root = v_trace
+    comms = pq.read_table(root / "trace" / "comms.parquet").to_pylist()
+    p2p = {(r["rank"], r["op"], r["phase"], r["chunk"], r["peer"]) for r in comms if r["op"] in ("send", "recv")}
+    assert (0, "send", "forward", 0, 2) in p2p and (0, "recv", "forward", 1, 2) in p2p  # pp0 -> pp1, back to pp0
+    assert not any(peer == rank for rank, _, _, _, peer in p2p)
+    assert {c for r, op, ph, c, _ in p2p if r == 6 and op == "recv" and ph == "forward"} == {0}  # pp3: chunk 1 local
+    ops = pq.read_table(root / "trace" / "ops.parquet").to_pylist()
+    rank0 = {(r["chunk"], r["op_class"]) for r in ops if r["rank"] == 0 and r["phase"] == "forward"}
+    # chunk 0: the embedding alone (no layer); chunk 1: the final norm, the head and the (vocab-parallel) loss
+    assert (0, "embedding") in rank0 and (0, "gemm") not in rank0 and {(1, "gemm"), (1, "norm")} <= rank0
+    sym = _simulate(w, root, "sym")
+    full = _simulate(w, root, "full", mode="full")
+    assert_same(sym, full)
+    assert sym["post_validation"] is False and sym["bubble_s"] >= 0

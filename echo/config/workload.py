@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -85,10 +85,11 @@ class ParallelConfig(BaseModel):
     ep: PositiveInt = Field(1, description="expert-parallel degree, folded over the tp x cp x dp ranks of a stage (Megatron-Core)")
     sequence_parallel: bool = Field(False, description="shard norms/dropout over tp (all-gather/reduce-scatter instead of all-reduce)")
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p"] = Field(
-        "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1, zb-h2 and zb-2p: the zero-bubble "
-        "schedules of Qi et al., each backward split into its input- and weight-gradient parts; zb-2p is "
-        "built for the stages' own pass times, echo.training.zb_auto)")
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v"] = Field(
+        "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1, zb-h2, zb-2p and zb-v: the "
+        "zero-bubble schedules of Qi et al., each backward split into its input- and weight-gradient parts; zb-2p "
+        "and zb-v are built for the stages' own pass times, echo.training.zb_auto; zb-v places two chunks per "
+        "pipeline rank in a V: rank s holds virtual stages s and 2 pp - 1 - s)")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
     overlap_grad_reduce: bool = Field(
         False, description="Megatron-LM's --overlap-grad-reduce: gradient buckets are reduced during the last "
@@ -118,9 +119,29 @@ class ParallelConfig(BaseModel):
         "stage before the optimizer step (the gradient-norm and inf/NaN all-reduce is checked after the "
         "update, rolled back if needed), so each stage starts its next step as soon as it can (simulation "
         "only; symmetric mode)")
-    stage_layers: list[PositiveInt] | None = Field(
+    stage_layers: list[NonNegativeInt] | None = Field(
         None, description="layers of each virtual stage in pipeline order (pp x virtual_stages entries); "
-        "default: layers split evenly. Llama 3 405B puts one layer less on the first and last stage")
+        "default: layers split evenly. Llama 3 405B puts one layer less on the first and last stage. Only the "
+        "first and last virtual stage may hold none (the embedding, or the head and loss, alone)")
+
+    @property
+    def placement(self) -> str:
+        """How chunks sit on pipeline ranks: interleaved (chunk c of rank s is virtual stage
+        c * pp + s, Megatron-LM's) or v (the zero-bubble paper's ZB-V: rank s holds virtual
+        stages s and 2 pp - 1 - s, so the first rank also holds the last stage)."""
+        return "v" if self.schedule in V_SCHEDULES else "interleaved"
+
+    def virtual_stage(self, chunk: int, pp_rank: int) -> int:
+        """The virtual stage (position in the model's pipeline order) of a rank's chunk."""
+        if self.placement == "v":
+            return pp_rank if chunk == 0 else 2 * self.pp - 1 - pp_rank
+        return chunk * self.pp + pp_rank
+
+    def rank_of_stage(self, stage: int) -> tuple[int, int]:
+        """(pipeline rank, chunk) holding virtual stage ``stage``."""
+        if self.placement == "v":
+            return (stage, 0) if stage < self.pp else (2 * self.pp - 1 - stage, 1)
+        return stage % self.pp, stage // self.pp
 
     def layers_of(self, layers: int) -> list[int]:
         """Layers of every virtual stage, in pipeline order (stage v*pp + s is chunk v of rank s)."""
@@ -136,6 +157,9 @@ class ParallelConfig(BaseModel):
 # schedule over the traced chunks, the overlap flags) and how many micro-batches it repeats. The
 # trace, dedup and profile stages see the workload without these keys (trace_dump), so changing
 # one re-runs the simulation only, and sweep layouts that differ only in them share one trace.
+# schedules whose chunks sit in a V on the pipeline ranks (ParallelConfig.placement)
+V_SCHEDULES = ("zb-v",)
+
 NOT_TRACED = {
     "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap",
                  "post_validation"),
@@ -208,7 +232,9 @@ class Workload(BaseModel):
         workloads differing only in them trace alike and the trace cannot come to depend on them."""
         p, t = self.parallel, self.training
         fixed = {
-            "parallel": {"schedule": "interleaved" if p.virtual_stages > 1 else "1f1b", "overlap_grad_reduce": False,
+            # the schedule's chunk placement is traced (which layers a rank holds, its p2p peers)
+            "parallel": {"schedule": "zb-v" if p.placement == "v" else "interleaved" if p.virtual_stages > 1 else "1f1b",
+                         "overlap_grad_reduce": False,
                          "overlap_param_gather": False, "tp_comm_overlap": False, "ep_comm_overlap": False,
                          "post_validation": False},
             "training": {"global_batch": t.micro_batch * p.dp * p.pp},
@@ -244,6 +270,9 @@ class Workload(BaseModel):
                  f"{len(p.stage_layers)} entries, expected pp x virtual_stages = {chunks}")
             need(sum(p.stage_layers) == m.layers, "parallel.stage_layers",
                  f"entries sum to {sum(p.stage_layers)}, not layers {m.layers}")
+            empty = [i for i, n in enumerate(p.stage_layers) if n == 0]
+            need(all(i in (0, chunks - 1) for i in empty) and len(p.stage_layers) > 1, "parallel.stage_layers",
+                 f"virtual stages {empty} hold no layer: only the first (embedding) or last (head and loss) may")
         need(t.global_batch % (t.micro_batch * p.dp) == 0, "training.global_batch",
              f"global_batch {t.global_batch} is not divisible by micro_batch x dp = {t.micro_batch * p.dp}")
         need(m.seq_len % (p.cp * (2 if p.cp > 1 else 1)) == 0, "parallel.cp", f"seq_len {m.seq_len} cannot be split into 2 x cp = {2 * p.cp} chunks")
@@ -259,8 +288,11 @@ class Workload(BaseModel):
         need(p.ep == 1 or (m.experts > 0 and m.experts % p.ep == 0), "parallel.ep", f"ep {p.ep} needs experts divisible by it (experts = {m.experts})")
         need(p.ep == 1 or (p.tp * p.cp * p.dp) % p.ep == 0, "parallel.ep",
              f"ep {p.ep} must divide tp x cp x dp = {p.tp * p.cp * p.dp} (the ranks of a stage it folds over)")
-        need(p.schedule == "interleaved" or p.virtual_stages == 1, "parallel.virtual_stages",
-             f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved")
+        need(p.schedule in ("interleaved", "zb-v") or p.virtual_stages == 1, "parallel.virtual_stages",
+             f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved (or zb-v)")
+        need(p.schedule != "zb-v" or (p.virtual_stages == 2 and p.pp > 1), "parallel.schedule",
+             f"zb-v holds two chunks per pipeline rank in a V: virtual_stages 2 and pp > 1 (got "
+             f"{p.virtual_stages} and {p.pp})")
         need(p.schedule != "interleaved" or p.pp > 1, "parallel.schedule", "interleaved needs pp > 1")
         need(p.schedule != "interleaved" or self.micro_batches % p.pp == 0, "training.global_batch",
              f"interleaved needs micro-batches ({self.micro_batches}) divisible by pp {p.pp}")

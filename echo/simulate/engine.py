@@ -73,6 +73,7 @@ class EngineOptions:
     tp_comm_overlap: bool = False       # see the module docstring
     ep_comm_overlap: bool = False       # see the module docstring
     post_validation: bool = False       # see the module docstring (symmetric mode)
+    placement: str = "interleaved"      # chunks on ranks (ParallelConfig.placement): interleaved | v
     sharing: LinkSharing = max_min_share  # how overlapping transfers share links (gpu.py)
 
 
@@ -242,10 +243,18 @@ class _Pipeline:
         self.optimizers = [_split_at_world(x.optimizer) for x in staged]
         self.pairs = [x.pairs for x in staged]
         self.staged = staged
+        if options.placement not in ("interleaved", "v"):
+            raise ValueError(f"unknown chunk placement '{options.placement}' (interleaved | v)")
         self.lead = [(0.0, 0.0)] * len(costs)   # (bubble, pp) before each stage's first task began
         self.started = [False] * len(costs)
         self.opt_start = [0.0] * len(costs)
         self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
+
+    def virtual_stage(self, chunk: int, s: int) -> int:
+        """Chunk ``chunk`` of stage s as a position in the model (ParallelConfig.virtual_stage)."""
+        if self.options.placement == "v":
+            return s if chunk == 0 else 2 * self.p - 1 - s
+        return chunk * self.p + s
 
     def needs(self, task: Task, k: int) -> _Key | None:
         """What ``task`` (on virtual stage k) waits for, besides its own stage being free."""
@@ -260,7 +269,7 @@ class _Pipeline:
         combined) if its inputs have been produced; returns how many tasks ran (0: not yet)."""
         pair = self.pairs[s].get(pos)
         tasks = order[pos:pos + 2] if pair is not None else order[pos:pos + 1]
-        ks = [t.chunk * self.p + s for t in tasks]
+        ks = [self.virtual_stage(t.chunk, s) for t in tasks]
         needs = [self.needs(t, k) for t, k in zip(tasks, ks, strict=True)]
         if any(n is not None and n not in self.arrivals for n in needs):
             return 0
@@ -359,18 +368,24 @@ def _split_at_world(prog: Program) -> tuple[Program, Program]:
     return Program(prog.ops[:i], prog.waits), Program(prog.ops[i:], prog.waits)
 
 
-def pass_times(costs: Sequence[RankCosts], activations: Sequence[float]) -> list[PassTimes]:
-    """Each stage's F, B and W times (their programs' clean replays, chunk 0), its longest p2p
-    send and the share of its micro-batch's activations (``activations``, bytes) that a W owed
-    keeps: what a schedule built for the pass times (``schedule.TIMED``) is built on."""
+def pass_times(costs: Sequence[RankCosts], activations: Sequence[Sequence[float]]) -> list:
+    """Each stage's F, B and W times (their programs' clean replays), its longest p2p send and the
+    share of a chunk's activations (``activations[s][c]``: a micro-batch's, bytes) that a W owed
+    keeps (at most all of them: what it keeps beyond, its output gradients, is small beside a
+    stage's activations in flight): what a schedule built for the pass times (``schedule.TIMED``)
+    is built on. One ``PassTimes`` per stage (chunk 0), or, for stages of several chunks, a list
+    of them per stage."""
     out = []
     for c, activation in zip(costs, activations, strict=True):
         if not c.weight_grad:
             raise ValueError("a schedule built for pass times needs the backward split into B and W")
-        sends = [op.duration_us for p in (c.forward[0], c.input_grad[0]) for op in p.send_ops]
-        out.append(PassTimes(c.forward[0].cost.duration_us, c.input_grad[0].cost.duration_us,
-                             c.weight_grad[0].cost.duration_us, max(sends, default=0.0),
-                             c.w_pending_bytes[0] / activation if activation else 0.0))
+        per = []
+        for k in range(c.chunks):
+            sends = [op.duration_us for p in (c.forward[k], c.input_grad[k]) for op in p.send_ops]
+            share = min(1.0, c.w_pending_bytes[k] / activation[k]) if activation[k] else 1.0
+            per.append(PassTimes(c.forward[k].cost.duration_us, c.input_grad[k].cost.duration_us,
+                                 c.weight_grad[k].cost.duration_us, max(sends, default=0.0), share))
+        out.append(per[0] if c.chunks == 1 else per)
     return out
 
 

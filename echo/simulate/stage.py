@@ -167,13 +167,16 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabe
     return [slowest(by_stage[s]) for s in range(stages)]
 
 
-def stage_activations(classes: list[ClassInfo], stages: int) -> list[float]:
-    """Each pipeline stage's saved activations of one micro-batch (the largest of its classes)."""
-    out = [0.0] * stages
+def stage_activations(classes: list[ClassInfo], stages: int, chunks: int) -> list[list[float]]:
+    """Each pipeline stage's saved activations of one micro-batch, per chunk (the largest of its
+    classes; a class without a per-chunk split spreads its total evenly)."""
+    out = [[0.0] * chunks for _ in range(stages)]
     for c in classes:
+        per = list(c.chunk_activation_bytes) if len(c.chunk_activation_bytes) == chunks else \
+            [c.activation_bytes / chunks] * chunks
         for s in c.stages:
             if 0 <= s < stages:
-                out[s] = max(out[s], float(c.activation_bytes))
+                out[s] = [max(a, float(b)) for a, b in zip(out[s], per, strict=True)]
     return out
 
 
@@ -264,7 +267,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce,
                                        overlap_param_gather=par.overlap_param_gather,
                                        tp_comm_overlap=par.tp_comm_overlap, ep_comm_overlap=par.ep_comm_overlap,
-                                       post_validation=par.post_validation)
+                                       post_validation=par.post_validation, placement=par.placement)
+    # where the chunks sit is the layout's, not a modelling choice: the trace was made for it
+    options = dataclasses.replace(options, placement=par.placement)
     # ranks fill node_ranks GPUs of each node (ranks_per_node: e.g. 64 of an NVL72 rack's 72)
     if timer is None:
         timer = CommTimer(network)
@@ -283,7 +288,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     costs = [scale_compute(c, slow_stages.get(s, 1.0)) for s, c in enumerate(costs)]
     # a schedule built for the stages' pass times (zb-2p) gets them from the programs it will run
     orders = orders_of(par, workload.micro_batches,
-                       pass_times(costs, stage_activations(classes, par.pp)) if par.schedule in TIMED else None)
+                       pass_times(costs, stage_activations(classes, par.pp, par.virtual_stages))
+                       if par.schedule in TIMED else None)
     if mode == "full":
         scale = dict(compute_scale or {})
         for rank, factor in (stragglers or {}).items():

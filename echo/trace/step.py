@@ -174,6 +174,8 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
             if prev is None:
                 with rec.muted():  # token ids come from the data loader, not a kernel
                     x = torch.zeros(b, seq, dtype=torch.long)
+            elif prev == rank:  # a V's turn: the previous virtual stage is this rank's other chunk
+                x = outputs[i - 1].detach().requires_grad_(True)
             else:
                 with rec.muted():
                     x = torch.empty(b, s, h, dtype=dtype)
@@ -185,7 +187,7 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
             fp8.reduce_amaxes(fp8.active())
             meter.end_chunk()
             nxt = layout.chunk_peer(rank, i, 1, v)
-            if nxt is not None:
+            if nxt is not None and nxt != rank:
                 dist.send(y.detach(), dst=nxt)
         inputs.append(x)
         outputs.append(y)
@@ -198,6 +200,8 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
             if nxt is None:
                 with ctx:
                     y.backward()
+            elif nxt == rank:  # a V's turn: the gradient comes from this rank's other chunk
+                y.backward(inputs[i + 1].grad)
             else:
                 with rec.muted():
                     grad = torch.empty_like(y)
@@ -208,5 +212,5 @@ def _microbatch(w, layout, rank, rec, chunks, meter, dtype) -> None:
                 del grad
             fp8.reduce_amaxes(fp8.active())
             prev = layout.chunk_peer(rank, i, -1, v)
-            if prev is not None:
+            if prev is not None and prev != rank:
                 dist.send(x.grad, dst=prev)

@@ -32,13 +32,16 @@ class ChunkSlot:
 
 
 def chunk_slots(parallel: ParallelConfig, layers: int, pp_rank: int) -> list[ChunkSlot]:
-    """The chunks of pipeline rank ``pp_rank``, one per virtual stage (interleaved layout: chunk c
-    holds virtual stage c * pp + pp_rank), with ``stage_layers`` respected."""
-    counts, pp, v = parallel.layers_of(layers), parallel.pp, parallel.virtual_stages
+    """The chunks of pipeline rank ``pp_rank``, one per virtual stage (``parallel.virtual_stage``:
+    interleaved, chunk c holds virtual stage c * pp + pp_rank; a V, the zero-bubble ZB-V's), with
+    ``stage_layers`` respected."""
+    counts, v = parallel.layers_of(layers), parallel.virtual_stages
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    return [ChunkSlot(range(starts[c * pp + pp_rank], starts[c * pp + pp_rank] + counts[c * pp + pp_rank]),
-                      first=pp_rank == 0 and c == 0, last=pp_rank == pp - 1 and c == v - 1)
-            for c in range(v)]
+    out = []
+    for c in range(v):
+        k = parallel.virtual_stage(c, pp_rank)
+        out.append(ChunkSlot(range(starts[k], starts[k] + counts[k]), first=k == 0, last=k == len(counts) - 1))
+    return out
 
 
 @dataclass(frozen=True)
@@ -114,12 +117,13 @@ class Layout:
 
     def chunk_peer(self, rank: int, chunk: int, step: int, virtual_stages: int) -> int | None:
         """The rank holding the virtual stage ``step`` away from ``rank``'s chunk ``chunk``
-        (interleaving wraps around the pipeline), or None past either end."""
-        pp = self.sizes["pp"]
-        stage = self.coords(rank).pp + chunk * pp + step
-        if not 0 <= stage < pp * virtual_stages:
+        (interleaving wraps around the pipeline, a V turns at the last rank), or None past either
+        end."""
+        p = self.parallel
+        stage = p.virtual_stage(chunk, self.coords(rank).pp) + step
+        if not 0 <= stage < p.pp * virtual_stages:
             return None
-        return self.stage_peer(rank, stage % pp - self.coords(rank).pp)
+        return self.stage_peer(rank, p.rank_of_stage(stage)[0] - self.coords(rank).pp)
 
     def representatives(self) -> dict[str, int]:
         """One traced rank per role: ranks of a role differ only in which group peers they have.

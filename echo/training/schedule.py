@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from echo.config.workload import ParallelConfig
-from echo.training.zb_auto import PassTimes, greedy_orders, spans
+from echo.training.zb_auto import PassTimes, greedy_orders, greedy_v_orders, spans
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v")
 # the schedules whose orders hold W tasks (a backward split into input- and weight-gradient parts)
-SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p")
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p", "zb-v")
 # the schedules whose orders depend on the stages' pass times (echo.training.zb_auto)
-TIMED = ("zb-2p",)
+TIMED = ("zb-2p", "zb-v")
 
 
 @dataclass(frozen=True)
@@ -37,17 +37,30 @@ class Task:
 
 
 def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1,
-                 extra_warmup: int = 0, times: Sequence[PassTimes] | None = None) -> list[list[Task]]:
+                 extra_warmup: int = 0, times: Sequence | None = None) -> list[list[Task]]:
     """Every stage's task order for ``schedule``; refuses combinations the schedule cannot run.
     ``extra_warmup``: forwards each stage of a 1F1B schedule runs before its steady state beyond
     the schedule's own warm-up (combined 1F1B: see ``orders_of``). ``times``: each stage's pass
-    times, which a ``TIMED`` schedule is built for (None: equal F, B and W times, no transfer)."""
+    times (``PassTimes``; zb-v: a list of them per stage, one per chunk), which a ``TIMED``
+    schedule is built for (None: equal F, B and W times, no transfer, a W owed keeping all of its
+    micro-batch's activations)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown pipeline schedule '{schedule}'; known: {', '.join(SCHEDULES)}")
     if stages < 1 or micro_batches < 1 or chunks < 1:
         raise ValueError(f"stages ({stages}), micro-batches ({micro_batches}) and chunks ({chunks}) must be >= 1")
     if extra_warmup and schedule in SPLIT_BACKWARD:
         raise ValueError(f"{schedule} has no combined 1F1B warm-up (ep_comm_overlap)")
+    if schedule == "zb-v":
+        if chunks != 2 or stages < 2:
+            raise ValueError(f"zb-v holds two chunks per stage in a V over two or more stages, got {chunks} "
+                             f"chunks and {stages} stages")
+        unit = [PassTimes(1.0, 1.0, 1.0, 0.0, 1.0)] * 2
+        vt = [list(t) for t in times] if times is not None else [unit] * stages
+        if len(vt) != stages or any(len(t) != 2 for t in vt):
+            raise ValueError(f"zb-v: pass times of two chunks for each of {stages} stages needed")
+        # 1F1B's peak activations: stages micro-batches of a whole stage, two chunks each
+        orders = greedy_v_orders(vt, micro_batches, [2.0 * stages] * stages)
+        return [[Task(kind, mb, c) for kind, mb, c in o] for o in orders]
     if schedule != "interleaved" and chunks != 1:
         raise ValueError(f"schedule {schedule} runs one chunk per stage, got {chunks} (use interleaved)")
     if schedule == "interleaved" and micro_batches % stages:
@@ -55,7 +68,7 @@ def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1
     if extra_warmup and schedule == "gpipe":
         raise ValueError("gpipe has no warm-up to extend")
     if schedule in TIMED:
-        times = list(times) if times is not None else [PassTimes(1.0, 1.0, 1.0)] * stages
+        times = list(times) if times is not None else [PassTimes(1.0, 1.0, 1.0, 0.0, 1.0)] * stages
         if len(times) != stages:
             raise ValueError(f"{schedule}: {len(times)} stages' pass times for {stages} stages")
         # ZB-2p: at most twice 1F1B's peak activations (stage 0's: stages micro-batches) on every

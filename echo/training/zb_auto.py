@@ -16,7 +16,8 @@ first of:
 3. else the oldest W still owed (it fills what would be a bubble);
 4. else nothing: it waits for the earliest input to arrive.
 
-A stage never idles while it owes a W. ``schedule.stage_orders("zb-2p")`` keeps the better (by
+A stage never idles while it owes a W. Should every stage wait on another at its limit, the
+earliest forward runs over it (a limit too tight for the pipeline is exceeded, not deadlocked). ``schedule.stage_orders("zb-2p")`` keeps the better (by
 ``spans``) of this order at a limit of 2 x stages on every stage and ZB-H2's, which keeps within
 the same limit. With no bound on the W held back (``w_share`` 0, forwards under 2 (stages - s))
 and the paper's profiled times (its Table 9) the greedy gives the bubble rates of the paper's
@@ -59,8 +60,9 @@ def greedy_orders(times: Sequence[PassTimes], micro_batches: int, limit: Sequenc
     b_end: dict[tuple[int, int], float] = {}
     orders: list[list[tuple[str, int]]] = [[] for _ in range(p)]
 
-    def options(s: int) -> list[tuple[float, int, str]]:
-        """(earliest start, priority, kind) of what stage s could run next."""
+    def options(s: int, relax: bool = False) -> list[tuple[float, int, str]]:
+        """(earliest start, priority, kind) of what stage s could run next (``relax``: a forward
+        over the activation limit too)."""
         out = []
         if nb[s] < nf[s]:
             k = nb[s]
@@ -68,7 +70,7 @@ def greedy_orders(times: Sequence[PassTimes], micro_batches: int, limit: Sequenc
             if ready is not None:
                 out.append((max(free[s], ready + (0.0 if s == p - 1 else times[s + 1].send)), 0, "B"))
         held = nf[s] - nb[s] + times[s].w_share * (nb[s] - nw[s])
-        if nf[s] < m and held + 1 <= limit[s] + 1e-9:
+        if nf[s] < m and (relax or held + 1 <= limit[s] + 1e-9):
             k = nf[s]
             ready = 0.0 if s == 0 else f_end.get((s - 1, k))
             if ready is not None:
@@ -77,16 +79,21 @@ def greedy_orders(times: Sequence[PassTimes], micro_batches: int, limit: Sequenc
             out.append((free[s], 2, "W"))
         return out
 
-    for _ in range(3 * m * p):
+    def pick(relax: bool) -> tuple[float, int, int, str] | None:
         best: tuple[float, int, int, str] | None = None  # (start, priority, stage, kind)
         for s in range(p):
-            opts = options(s)
+            opts = options(s, relax)
             if not opts:
                 continue
             now = [o for o in opts if o[0] <= free[s]]  # what can start at once, by priority
             start, prio, kind = min(now, key=lambda o: o[1]) if now else min(opts)
             if best is None or (start, prio, s) < best[:3]:
                 best = (start, prio, s, kind)
+        return best
+
+    for _ in range(3 * m * p):
+        # every stage at its limit and waiting on another: the earliest forward goes over it
+        best = pick(False) or pick(True)
         if best is None:
             raise RuntimeError("greedy schedule stuck: no stage can run (an activation limit below 1?)")
         start, _, s, kind = best
@@ -103,6 +110,97 @@ def greedy_orders(times: Sequence[PassTimes], micro_batches: int, limit: Sequenc
             free[s] = start + t.weight_grad
             orders[s].append(("W", nw[s]))
             nw[s] += 1
+    return orders
+
+
+def greedy_v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int,
+                    limit: Sequence[float]) -> list[list[tuple[str, int, int]]]:
+    """ZB-V's orders (Qi et al., section 6) as (kind, micro-batch, chunk) triples: two chunks per
+    stage in a V (stage s holds virtual stages s and 2p - 1 - s; ``times[s][c]`` their passes),
+    by the rules of the module docstring at chunk level: B first (the one whose input came first,
+    the second chunk's on a tie: it is nearer the loss), then F while the activations held stay
+    within ``limit[s]`` chunk-micro-batches (the second chunk's first, which brings the next B
+    sooner), then the oldest W owed."""
+    p, m = len(times), micro_batches
+    if len(limit) != p or min(limit) < 1:
+        raise ValueError(f"one activation limit >= 1 per stage needed, got {list(limit)} for {p} stages")
+    last = 2 * p - 1
+
+    def place(k: int) -> tuple[int, int]:  # virtual stage -> (stage, chunk)
+        return (k, 0) if k < p else (last - k, 1)
+
+    def vstage(s: int, c: int) -> int:
+        return s if c == 0 else last - s
+
+    free = [0.0] * p
+    nf = [[0, 0] for _ in range(p)]
+    nb = [[0, 0] for _ in range(p)]
+    owed: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (chunk, micro-batch) whose W is owed
+    held = [0.0] * p
+    f_end: dict[tuple[int, int], float] = {}  # (virtual stage, micro-batch) -> end
+    b_end: dict[tuple[int, int], float] = {}
+    orders: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
+
+    def arrival(done: dict, k: int, mb: int, s: int) -> float | None:
+        end = done.get((k, mb))
+        if end is None:
+            return None
+        src = place(k)[0]
+        return end + (0.0 if src == s else times[src][place(k)[1]].send)
+
+    def options(s: int, relax: bool = False) -> list[tuple[float, int, int, str, int]]:
+        out = []  # (start, priority, tie, kind, chunk)
+        for c in (1, 0):
+            k, mb = vstage(s, c), nb[s][c]
+            if mb < nf[s][c]:
+                ready = f_end.get((k, mb)) if k == last else arrival(b_end, k + 1, mb, s)
+                if ready is not None:
+                    out.append((max(free[s], ready), 0, 1 - c, "B", c))
+        for c in (1, 0):
+            k, mb = vstage(s, c), nf[s][c]
+            if mb < m and (relax or held[s] + 1 <= limit[s] + 1e-9):
+                ready = 0.0 if k == 0 else arrival(f_end, k - 1, mb, s)
+                if ready is not None:
+                    out.append((max(free[s], ready), 1, 1 - c, "F", c))
+        if owed[s]:
+            out.append((free[s], 2, 0, "W", owed[s][0][0]))
+        return out
+
+    def pick(relax: bool):
+        best = None
+        for s in range(p):
+            opts = options(s, relax)
+            if not opts:
+                continue
+            now = [o for o in opts if o[0] <= free[s]]
+            o = min(now, key=lambda o: o[1:3]) if now else min(opts)
+            if best is None or (o[0], o[1], s) < (best[0][0], best[0][1], best[1]):
+                best = (o, s)
+        return best
+
+    for _ in range(6 * m * p):
+        # every stage at its limit and waiting on another: the earliest forward goes over it
+        best = pick(False) or pick(True)
+        if best is None:
+            raise RuntimeError("greedy ZB-V schedule stuck: no stage can run")
+        (start, _, _, kind, c), s = best
+        t = times[s][c]
+        if kind == "F":
+            mb = nf[s][c]
+            f_end[(vstage(s, c), mb)] = free[s] = start + t.forward
+            nf[s][c] += 1
+            held[s] += 1
+        elif kind == "B":
+            mb = nb[s][c]
+            b_end[(vstage(s, c), mb)] = free[s] = start + t.input_grad
+            nb[s][c] += 1
+            held[s] += t.w_share - 1
+            owed[s].append((c, mb))
+        else:
+            c, mb = owed[s].pop(0)
+            free[s] = start + times[s][c].weight_grad
+            held[s] -= times[s][c].w_share
+        orders[s].append((kind, mb, c))
     return orders
 
 

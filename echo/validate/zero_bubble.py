@@ -4,8 +4,9 @@ Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), measured 1F1B, ZB-1p 
 32 A100 SXM 80GB for four GPT models (``zero_bubble_throughput.csv``, Table 4; Table 10: ZB-2p
 with the optimizer's all-reduce synchronization instead of post-validation). Each model is one
 generated workload, ``zb-gpt-{model}`` (``write_workloads``; committed, a test keeps them in step),
-traced once; each row is that workload with the row's schedule and micro-batch count, simulated
-from the same trace (both are simulation-only keys).
+traced once per setup (stages, micro-batch size, and ZB-V's chunk placement, which the trace
+records); each row is that workload with the row's schedule and micro-batch count, simulated
+from the same trace (both are simulation-only keys). Table 6 (16 to 32 GPUs) adds ZB-V.
 
 What the paper states: the models (its Table 3: layers, heads, hidden size, sequence 1024), GPUs
 = pipeline stages (no tensor or data parallelism), micro-batch size and count, the schedule.
@@ -45,8 +46,9 @@ HARDWARE, TOPOLOGY = "a100-sxm-80gb", "dgx-a100-hdr"
 VOCAB = 32000  # assumed (module docstring)
 # the paper's schedule -> (Echo's schedule, post-validation)
 SCHEDULE_OF = {"1F1B": ("1f1b", False), "ZB-1p": ("zb-h1", True), "ZB-2p": ("zb-2p", True),
-               "ZB-2p (post-validation)": ("zb-2p", True), "ZB-2p (all-reduce synchronization)": ("zb-2p", False)}
-TABLES = ("Table 4", "Table 10")
+               "ZB-2p (post-validation)": ("zb-2p", True), "ZB-2p (all-reduce synchronization)": ("zb-2p", False),
+               "ZB-V": ("zb-v", True)}
+TABLES = ("Table 4", "Table 6", "Table 10")
 CITATION = "Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024"
 
 
@@ -64,8 +66,13 @@ class ZbRow:
     measured_memory_gb: float | None
 
     @property
+    def setup(self) -> tuple[str, int, int, bool]:
+        """(model, pipeline stages, micro-batch size, V placement): what one trace serves."""
+        return self.model, self.gpus, self.micro_batch, self.schedule == "zb-v"
+
+    @property
     def workload(self) -> str:
-        return f"zb-gpt-{self.model.lower()}"
+        return setup_name(*self.setup)
 
     @property
     def schedule(self) -> str:
@@ -81,12 +88,23 @@ class ZbRow:
         return self.micro_batch * self.micro_batches / (self.samples_per_gpu_s * self.gpus)
 
 
+def setup_name(model: str, stages: int, micro_batch: int, v: bool, configs: Mapping | None = None) -> str:
+    """``zb-gpt-{model}`` for the paper's Table 3 setup, else with ``-p{stages}-b{micro_batch}``;
+    ``-v`` for ZB-V's chunk placement."""
+    base = f"zb-gpt-{model.lower()}"
+    table3 = {"1.5B": (8, 6), "6.2B": (8, 3), "14.6B": (16, 1), "28.3B": (32, 1)}
+    if table3.get(model) != (stages, micro_batch):
+        base += f"-p{stages}-b{micro_batch}"
+    return base + ("-v" if v else "")
+
+
 def model_configs(reference_dir: Path | None = None) -> dict[str, dict]:
     return {r["model"]: r for r in _read(reference_file(MODELS, reference_dir))}
 
 
 def zb_rows(reference_dir: Path | None = None) -> list[ZbRow]:
-    """The rows of Tables 4 and 10 (Table 10 prints no micro-batch size: its setups are Table 4's)."""
+    """The rows of Tables 4, 6 and 10 (Table 10 prints no micro-batch size: its setups are Table
+    4's; Table 6's ZB-2p* is left out: the paper does not define the asterisk there)."""
     configs = model_configs(reference_dir)
     out = []
     for r in _read(reference_file(THROUGHPUT, reference_dir)):
@@ -100,44 +118,58 @@ def zb_rows(reference_dir: Path | None = None) -> list[ZbRow]:
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:
-    """The embedding and the head counted as a layer each: the first and last stage one layer less."""
+    """The embedding and the head counted as a layer each: the first and last (virtual) stage one
+    layer less (none, where each stage holds one)."""
     per, rest = divmod(layers + 2, stages)
-    if rest or per < 2:
+    if rest or per < 1:
         raise ValueError(f"{layers} layers + embedding + head do not split evenly over {stages} stages")
     return [per - 1] + [per] * (stages - 2) + [per - 1]
 
 
-def base_workload(cfg: Mapping[str, str]) -> dict:
-    """The workload file of one model (1F1B at the paper's first micro-batch count)."""
-    layers, p, b = int(cfg["layers"]), int(cfg["pipelines_gpus"]), int(cfg["microbatch_size"])
+def base_workload(cfg: Mapping[str, str], stages: int, micro_batch: int, v: bool, micro_batches: int) -> dict:
+    """The workload file of one setup (1F1B, or ZB-V for the V placement, at ``micro_batches``)."""
+    layers, b = int(cfg["layers"]), micro_batch
+    par = {"tp": 1, "pp": stages, "dp": 1, "zero": 1, "schedule": "zb-v" if v else "1f1b"}
+    if v:
+        par |= {"virtual_stages": 2, "post_validation": True}
+    par["stage_layers"] = stage_layers(layers, stages * (2 if v else 1))
     return {
-        "description": f"{cfg['model']} GPT of {CITATION} (Table 3), on {p} A100 as {p} pipeline stages; "
-                       "generated by echo.validate.zero_bubble",
+        "description": f"{cfg['model']} GPT of {CITATION} (Table 3), on {stages} A100 as {stages} pipeline stages"
+                       f"{' in a V (ZB-V)' if v else ''}, micro-batch {b}; generated by echo.validate.zero_bubble",
         "model": {"arch": "gpt", "layers": layers, "hidden": int(cfg["hidden_size"]),
                   "heads": int(cfg["attention_heads"]), "vocab": VOCAB, "seq_len": int(cfg["sequence_length"]),
                   "attention": "flash", "dropout": 0.1},
-        "parallel": {"tp": 1, "pp": p, "dp": 1, "zero": 1, "schedule": "1f1b", "stage_layers": stage_layers(layers, p)},
-        "training": {"global_batch": b * int(cfg["num_microbatches_1"]), "micro_batch": b, "dtype": "fp16",
-                     "recompute": "none"},
+        "parallel": par,
+        "training": {"global_batch": b * micro_batches, "micro_batch": b, "dtype": "fp16", "recompute": "none"},
     }
 
 
-def workload_yaml(cfg: Mapping[str, str]) -> str:
+def setups(reference_dir: Path | None = None) -> dict[str, tuple]:
+    """Workload name -> (model, stages, micro-batch size, V placement, the first micro-batch count)."""
+    out: dict[str, tuple] = {}
+    for r in zb_rows(reference_dir):
+        if r.workload not in out:
+            out[r.workload] = (*r.setup, r.micro_batches)
+    return out
+
+
+def workload_yaml(cfg: Mapping[str, str], stages: int, micro_batch: int, v: bool, micro_batches: int) -> str:
     header = [f"# Generated by `python -m echo.validate.zero_bubble` from {MODELS} (echo.reference); do not edit.",
               "# Stated by the source: the model (Table 3), GPUs = pipeline stages, micro-batch size; each measured",
               "#   row sets the schedule and the micro-batch count (simulation only: one trace serves them all).",
               "# Chosen where it is silent: echo.validate.zero_bubble's docstring (the authors' launch script's fp16,",
               "#   flash attention, distributed optimizer, dropout 0.1, no recompute; vocabulary 32000 and the",
               "#   embedding / head counted as a layer in the pipeline split assumed)."]
-    return "\n".join(header) + "\n" + yaml.safe_dump(base_workload(cfg), sort_keys=False, default_flow_style=None,
-                                                     width=200)
+    body = base_workload(cfg, stages, micro_batch, v, micro_batches)
+    return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=200)
 
 
 def write_workloads(config_dir: Path, reference_dir: Path | None = None) -> list[Path]:
     paths = []
-    for model, cfg in model_configs(reference_dir).items():
-        path = Path(config_dir) / "workloads" / f"zb-gpt-{model.lower()}.yaml"
-        text = workload_yaml(cfg)
+    configs = model_configs(reference_dir)
+    for name, (model, stages, b, v, m) in setups(reference_dir).items():
+        path = Path(config_dir) / "workloads" / f"{name}.yaml"
+        text = workload_yaml(configs[model], stages, b, v, m)
         parse_workload(yaml.safe_load(text), path)
         with atomic_path(path) as tmp:
             tmp.write_text(text)
@@ -179,14 +211,17 @@ ZERO_BUBBLE = pa.schema([
 
 def zero_bubble_table(rows: list[ZbRow], steps: Mapping[ZbRow, Mapping]) -> pa.Table:
     """One line per simulated row (``steps``: row -> its summary), speed-ups against the 1F1B row of
-    the same table, model and micro-batch count (Table 10 against Table 4's)."""
-    base = {(r.model, r.micro_batches): r for r in rows if r.paper_schedule == "1F1B" and r in steps}
+    the same setup and micro-batch count (Table 10 against Table 4's)."""
+    def key(r: ZbRow) -> tuple:
+        return r.model, r.gpus, r.micro_batch, r.micro_batches
+
+    base = {key(r): r for r in rows if r.paper_schedule == "1F1B" and r in steps}
     out = []
     for r in rows:
         s = steps.get(r)
         if s is None:
             continue
-        b = base.get((r.model, r.micro_batches))
+        b = base.get(key(r))
         pred_sp = meas_sp = None
         if b is not None:
             pred_sp = steps[b]["step_time_s"] / s["step_time_s"]
