@@ -345,3 +345,20 @@ def test_zb_v_on_a_real_trace(v_trace):
     full = _simulate(w, root, "full", mode="full")
     assert_same(sym, full)
     assert sym["post_validation"] is False and sym["bubble_s"] >= 0
+
+
+def test_the_schedule_axis_takes_the_zero_bubble_schedules(config_root):
+    """A sweep's schedule axis: the zero-bubble schedules share the 1F1B layout's trace (they read
+    the same chunks), ZB-V has its own (its placement is traced)."""
+    from test_sweep import expand_spec
+
+    exp = expand_spec(config_root, {
+        "base": "tiny-pp2", "parallel": {"zero": 1}, "training": {"micro_batch": 1}, "gpus": 4, "hardware": "h100-sxm-80gb",
+        "topologies": ["dgx-h100-ndr"],
+        "axes": {"pp": [2], "schedule": ["1f1b", "zb-h1", "zb-2p", "zb-v"], "virtual_stages": [1, 2]}})
+    kept = {c.name: c for c in exp.kept}
+    assert {"s--tp1-pp2-dp2", "s--tp1-pp2-dp2-zb-h1", "s--tp1-pp2-dp2-zb-2p", "s--tp1-pp2-dp2-zb-v-v2"} <= set(kept)
+    assert kept["s--tp1-pp2-dp2-zb-h1"].trace == kept["s--tp1-pp2-dp2"].trace
+    assert kept["s--tp1-pp2-dp2-zb-v-v2"].trace != kept["s--tp1-pp2-dp2"].trace
+    assert kept["s--tp1-pp2-dp2-zb-v-v2"].workload.parallel.placement == "v"
+    assert exp.traces[kept["s--tp1-pp2-dp2-zb-v-v2"].trace].parallel.schedule == "zb-v"

@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from echo.config.loader import CONFIG_ROOT, config_path, load_workload, parse_workload, read_yaml
 from echo.config.workload import NOT_TRACED as NOT_TRACED_KEYS
-from echo.config.workload import Workload
+from echo.config.workload import V_SCHEDULES, Workload
 from echo.errors import ConfigError
 
 SEP = "--"                    # between the sweep's name and a layout's tokens
@@ -181,7 +181,10 @@ def split_name(workload: str) -> tuple[str, str]:
 
 def trace_values(values: dict[str, Any]) -> dict[str, Any]:
     """A layout's values as its shared trace has them: settings the tracer does not read set to
-    the value that keeps the workload valid (interleaved needs virtual_stages > 1 to differ)."""
+    the value that keeps the workload valid (interleaved needs virtual_stages > 1 to differ); a V
+    placement (zb-v) is traced, so it keeps its schedule (Workload.traced)."""
+    if values["schedule"] in V_SCHEDULES:
+        return dict(values)
     return {**values, "schedule": "interleaved" if values["virtual_stages"] > 1 else "1f1b"}
 
 
