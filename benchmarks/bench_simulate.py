@@ -30,8 +30,13 @@ HARDWARE, TOPOLOGY = "a100-sxm-80gb", "dgx-a100-hdr"
 MODEL = {"arch": "gpt", "layers": 96, "hidden": 12288, "heads": 96, "vocab": 51200, "seq_len": 2048}
 
 
-def workload_dict(pp: int, dp: int, global_batch: int, tp: int = 8) -> dict:
-    return {"model": MODEL, "parallel": {"tp": tp, "pp": pp, "dp": dp, "zero": 1, "schedule": "1f1b"},
+def workload_dict(pp: int, dp: int, global_batch: int, tp: int = 8, schedule: str = "1f1b") -> dict:
+    par = {"tp": tp, "pp": pp, "dp": dp, "zero": 1, "schedule": schedule}
+    if schedule == "zb-v":  # two chunks a rank in a V
+        par["virtual_stages"] = 2
+    if schedule.startswith("zb-"):
+        par["post_validation"] = True
+    return {"model": MODEL, "parallel": par,
             "training": {"global_batch": global_batch, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}
 
 
@@ -41,14 +46,15 @@ def parse(spec: dict, name: str):
     return parse_workload(spec, Path(f"{name}.yaml"))
 
 
-def prepare(pp: int, dp: int) -> Path:
-    """Trace, classes, kernels and network of GPT-3 175B at TP8 x pp x dp, cached. The traced graph
-    does not depend on the global batch (the schedule repeats one micro-batch's template)."""
+def prepare(pp: int, dp: int, v: bool = False) -> Path:
+    """Trace, classes, kernels and network of GPT-3 175B at TP8 x pp x dp, cached (``v``: in
+    ZB-V's placement, two chunks a rank). The traced graph does not depend on the global batch
+    nor on the schedule beyond the chunk placement (the schedule repeats one micro-batch's template)."""
     from echo.workflow.versions import code_version
 
-    spec = workload_dict(pp, dp, dp)
+    spec = workload_dict(pp, dp, dp, schedule="zb-v" if v else "1f1b")
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode() + code_version("trace").encode()).hexdigest()[:10]
-    root = OUT / f"gpt3-175b-tp8-pp{pp}-dp{dp}-{key}"
+    root = OUT / f"gpt3-175b-tp8-pp{pp}-dp{dp}{'-v' if v else ''}-{key}"
     if (root / "done").is_file():
         return root
     import pyarrow.parquet as pq
@@ -91,15 +97,16 @@ def simulate_one(args: dict) -> dict:
     return out
 
 
-def case(pp: int, dp: int, micro_batches: int) -> dict:
-    root = prepare(pp, dp)
-    name = f"gpt3-175b-pp{pp}-dp{dp}-m{micro_batches}"
-    args = {"root": str(root), "name": name, "workload": workload_dict(pp, dp, micro_batches * dp)}
+def case(pp: int, dp: int, micro_batches: int, schedule: str = "1f1b") -> dict:
+    root = prepare(pp, dp, v=schedule == "zb-v")
+    name = f"gpt3-175b-pp{pp}-dp{dp}-m{micro_batches}-{schedule}"
+    args = {"root": str(root), "name": name,
+            "workload": workload_dict(pp, dp, micro_batches * dp, schedule=schedule)}
     proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(args)], capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"{name}: simulate failed:\n{proc.stderr[-3000:]}")
     row = json.loads(proc.stdout.strip().splitlines()[-1])
-    row.update(pp=pp, dp=dp)
+    row.update(pp=pp, dp=dp, schedule=schedule)
     return row
 
 
@@ -112,10 +119,10 @@ def analytic_flops(global_batch: int) -> float:
 
 def show(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
-    print(f"{'gpus':>6} {'pp':>3} {'dp':>4} {'m':>4} {'events':>6} {'step_s':>8} {'mfu':>6} {'bubble':>6} "
-          f"{'sim_wall_s':>10} {'rss_GiB':>8} {'us/event':>8}")
+    print(f"{'schedule':>8} {'gpus':>6} {'pp':>3} {'dp':>4} {'m':>4} {'events':>6} {'step_s':>8} {'mfu':>6} "
+          f"{'bubble':>6} {'sim_wall_s':>10} {'rss_GiB':>8} {'us/event':>8}")
     for r in rows:
-        print(f"{r['world_size']:>6} {r['pp']:>3} {r['dp']:>4} {r['micro_batches']:>4} {r['events']:>6} "
+        print(f"{r['schedule']:>8} {r['world_size']:>6} {r['pp']:>3} {r['dp']:>4} {r['micro_batches']:>4} {r['events']:>6} "
               f"{r['step_time_s']:>8.3f} {r['mfu']:>6.3f} {r['bubble_fraction']:>6.3f} {r['sim_wall_s']:>10.3f} "
               f"{r['rss_gib']:>8.3f} {1e6 * r['sim_wall_s'] / r['events']:>8.1f}")
 
@@ -133,6 +140,13 @@ def main() -> None:
           f"{want:.4e} analytic (72 B s l h^2 (1 + s/6h + V/12lh)): ratio {small['executed_flops'] / want:.4f}")
     show("growth with micro-batches (1,024 GPUs, TP8 PP8 DP16)", [case(8, 16, m) for m in (24, 96, 384)])
     show("growth with world size (TP8 PP16, 64 micro-batches)", [case(16, dp, 64) for dp in (8, 32, 128)])
+    # the zero-bubble schedules (W tasks: three tasks a micro-batch instead of two; zb-2p and zb-v
+    # are built for the pass times first): still flat in world size, 16,384 GPUs under 2 s
+    rows = [case(16, dp, 64, s) for s in ("zb-h1", "zb-2p", "zb-v") for dp in (8, 128)]
+    show("zero-bubble schedules, growth with world size (TP8 PP16, 64 micro-batches, post-validation)", rows)
+    for r in rows:
+        if r["world_size"] == 16384:
+            print(f"  {r['schedule']}: 16,384 GPUs in {r['sim_wall_s']:.2f} s: {'ok' if r['sim_wall_s'] < 2 else 'OVER 2 s'}")
 
 
 if __name__ == "__main__":

@@ -41,9 +41,10 @@ class PassTimes:
     weight_grad: float   # W: the weight-gradient GEMMs
     send: float = 0.0    # a p2p transfer to the neighbouring stage (activation or gradient)
     w_share: float = 0.0  # of a micro-batch's activations, what a W still owed keeps (its GEMMs' inputs)
+    activation: float = 1.0  # a chunk's activations against its stage's mean chunk (memory units; ZB-V)
 
     def __post_init__(self) -> None:
-        if min(self.forward, self.input_grad, self.weight_grad, self.send, self.w_share) < 0:
+        if min(self.forward, self.input_grad, self.weight_grad, self.send, self.w_share, self.activation) < 0:
             raise ValueError(f"pass times must be >= 0, got {self}")
 
 
@@ -119,8 +120,10 @@ def greedy_v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int,
     stage in a V (stage s holds virtual stages s and 2p - 1 - s; ``times[s][c]`` their passes),
     by the rules of the module docstring at chunk level: B first (the one whose input came first,
     the second chunk's on a tie: it is nearer the loss), then F while the activations held stay
-    within ``limit[s]`` chunk-micro-batches (the second chunk's first, which brings the next B
-    sooner), then the oldest W owed."""
+    within ``limit[s]`` chunk-micro-batches (each chunk counting its ``activation``: the first
+    stage's embedding-only chunk next to nothing; the second chunk's first, which brings the next B
+    sooner; the first chunk at most 2 (p - s) - 1 micro-batches ahead of the second, what the V
+    between them holds), then the oldest W owed."""
     p, m = len(times), micro_batches
     if len(limit) != p or min(limit) < 1:
         raise ValueError(f"one activation limit >= 1 per stage needed, got {list(limit)} for {p} stages")
@@ -158,7 +161,10 @@ def greedy_v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int,
                     out.append((max(free[s], ready), 0, 1 - c, "B", c))
         for c in (1, 0):
             k, mb = vstage(s, c), nf[s][c]
-            if mb < m and (relax or held[s] + 1 <= limit[s] + 1e-9):
+            # the first chunk runs ahead of the second by no more than the V between them holds
+            # (2 (p - s) - 1 virtual stages): more only fills memory the second chunk then lacks
+            ahead = c == 1 or nf[s][0] - nf[s][1] < 2 * (p - s) - 1
+            if mb < m and ahead and (relax or held[s] + times[s][c].activation <= limit[s] + 1e-9):
                 ready = 0.0 if k == 0 else arrival(f_end, k - 1, mb, s)
                 if ready is not None:
                     out.append((max(free[s], ready), 1, 1 - c, "F", c))
@@ -189,17 +195,17 @@ def greedy_v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int,
             mb = nf[s][c]
             f_end[(vstage(s, c), mb)] = free[s] = start + t.forward
             nf[s][c] += 1
-            held[s] += 1
+            held[s] += t.activation
         elif kind == "B":
             mb = nb[s][c]
             b_end[(vstage(s, c), mb)] = free[s] = start + t.input_grad
             nb[s][c] += 1
-            held[s] += t.w_share - 1
+            held[s] += t.activation * (t.w_share - 1)
             owed[s].append((c, mb))
         else:
             c, mb = owed[s].pop(0)
             free[s] = start + times[s][c].weight_grad
-            held[s] -= times[s][c].w_share
+            held[s] -= times[s][c].activation * times[s][c].w_share
         orders[s].append((kind, mb, c))
     return orders
 
