@@ -32,7 +32,16 @@ from echo.config.loader import parse_workload
 from echo.io import atomic_path, write_parquet
 from echo.reference import reference_file
 from echo.validate.bridge import bridge_rows
-from echo.validate.rows import BRIDGE, MCORE, SC21, SOURCES, Row, Source, _read  # noqa: F401  (re-exported)
+from echo.validate.rows import (  # noqa: F401  (re-exported)
+    BRIDGE,
+    MCORE,
+    SC21,
+    SOURCES,
+    Row,
+    Source,
+    _read,
+    write_workloads_main,
+)
 
 # Each table's declared fit rows (the rest are validation rows; errors are headlined on those):
 # Megatron-Core's even rows were declared the step-time fit rows (of sustained_compute, removed) before their
@@ -323,12 +332,7 @@ def run_validate(rows: list[Row], summary_paths: dict[str, Path], out_path: Path
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m echo.validate.published [CONFIG_DIR] [REFERENCE_DIR]``: (re)write the workload files."""
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    config_dir = Path(args[0]) if args else Path(__file__).resolve().parents[2] / "config"
-    for p in write_workloads(config_dir, args[1] if len(args) > 1 else None):
-        print(p)
+    write_workloads_main(write_workloads, argv)
 
 
 if __name__ == "__main__":

@@ -61,3 +61,14 @@ class Row:
 def _read(path: Path) -> list[dict]:
     with path.open() as f:
         return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def write_workloads_main(write, argv: list[str] | None = None) -> None:
+    """``python -m <module> [CONFIG_DIR] [REFERENCE_DIR]``: (re)write a table's workload files with
+    ``write(config_dir, reference_dir)`` and print their paths."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    config_dir = Path(args[0]) if args else Path(__file__).resolve().parents[2] / "config"
+    for p in write(config_dir, args[1] if len(args) > 1 else None):
+        print(p)

@@ -38,7 +38,7 @@ import yaml
 from echo.config.loader import parse_workload
 from echo.io import atomic_path, write_parquet
 from echo.reference import reference_file
-from echo.validate.rows import _read
+from echo.validate.rows import _read, write_workloads_main
 
 THROUGHPUT = "zero_bubble_throughput.csv"
 MODELS = "zero_bubble_model_configs.csv"
@@ -297,12 +297,7 @@ def markdown(table: pa.Table) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m echo.validate.zero_bubble [CONFIG_DIR] [REFERENCE_DIR]``: (re)write the workload files."""
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    config_dir = Path(args[0]) if args else Path(__file__).resolve().parents[2] / "config"
-    for p in write_workloads(config_dir, args[1] if len(args) > 1 else None):
-        print(p)
+    write_workloads_main(write_workloads, argv)
 
 
 if __name__ == "__main__":
