@@ -133,9 +133,7 @@ class ParallelConfig(BaseModel):
 
     def virtual_stage(self, chunk: int, pp_rank: int) -> int:
         """The virtual stage (position in the model's pipeline order) of a rank's chunk."""
-        if self.placement == "v":
-            return pp_rank if chunk == 0 else 2 * self.pp - 1 - pp_rank
-        return chunk * self.pp + pp_rank
+        return virtual_stage(self.placement, self.pp, chunk, pp_rank)
 
     def rank_of_stage(self, stage: int) -> tuple[int, int]:
         """(pipeline rank, chunk) holding virtual stage ``stage``."""
@@ -159,6 +157,14 @@ class ParallelConfig(BaseModel):
 # one re-runs the simulation only, and sweep layouts that differ only in them share one trace.
 # schedules whose chunks sit in a V on the pipeline ranks (ParallelConfig.placement)
 V_SCHEDULES = ("zb-v",)
+
+
+def virtual_stage(placement: str, pp: int, chunk: int, pp_rank: int) -> int:
+    """Chunk ``chunk`` of pipeline rank ``pp_rank`` as a position in the model: interleaved
+    (chunk * pp + pp_rank) or a V (rank s holds virtual stages s and 2 pp - 1 - s)."""
+    if placement == "v":
+        return pp_rank if chunk == 0 else 2 * pp - 1 - pp_rank
+    return chunk * pp + pp_rank
 
 NOT_TRACED = {
     "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap",

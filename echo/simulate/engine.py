@@ -55,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from echo.config.workload import virtual_stage
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import ep_pairs, is_second, with_buckets, with_overlaps, with_param_gather
 from echo.simulate.program import BLOCKING, Program, RankCosts, Run, replay
@@ -252,9 +253,7 @@ class _Pipeline:
 
     def virtual_stage(self, chunk: int, s: int) -> int:
         """Chunk ``chunk`` of stage s as a position in the model (ParallelConfig.virtual_stage)."""
-        if self.options.placement == "v":
-            return s if chunk == 0 else 2 * self.p - 1 - s
-        return chunk * self.p + s
+        return virtual_stage(self.options.placement, self.p, chunk, s)
 
     def needs(self, task: Task, k: int) -> _Key | None:
         """What ``task`` (on virtual stage k) waits for, besides its own stage being free."""

@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from echo.config.workload import virtual_stage
+
 
 @dataclass(frozen=True)
 class PassTimes:
@@ -133,7 +135,7 @@ def greedy_v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int,
         return (k, 0) if k < p else (last - k, 1)
 
     def vstage(s: int, c: int) -> int:
-        return s if c == 0 else last - s
+        return virtual_stage("v", p, c, s)
 
     free = [0.0] * p
     nf = [[0, 0] for _ in range(p)]
