@@ -11,6 +11,8 @@
 #             `snakemake --report report.html` under results/report/
 #   sweep     results/sweep/{sweep}/{layouts,ranking}.parquet: config/sweeps/{sweep}.yaml's layouts,
 #             workloads named {sweep}--{tokens} that run through the stages above
+#   import    results/import/{job}/{hardware}/: a real job's GPU Kineto traces (imports/gpu/{job}/), read
+#             and checked against the hardware's model (asked for by path)
 #   search    results/search/{search}/{layouts,ranking,pareto,verify}.parquet, front_*.svg: the same
 #             kind of file's layouts by the thousand, each rank composed from layer templates:
 #             a job per block signature (templates/), the checks, a job per shard (shards/), the ranking
@@ -42,6 +44,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/measure.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/fit.smk"
+include: "workflow/rules/import.smk"
 
 
 localrules:

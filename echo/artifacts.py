@@ -167,3 +167,58 @@ SCHEDULE = pa.schema([
     ("peer", pa.int32()),
     ("bytes", pa.int64()),
 ])
+
+# --- import: results/import/{job}/{hardware}/ (echo.profile.gpu_import) ----------------------
+# One row per GPU activity (kernel, memcpy, memset) of a real job's Kineto traces, one file per rank.
+IMPORTED_ACTIVITY = pa.schema([
+    ("rank", pa.int32()),
+    ("step", pa.int32()),          # ProfilerStep#N whose span holds the launch; -1 outside any step
+    ("stream", pa.int32()),
+    ("kind", pa.string()),         # kernel | memcpy | memset
+    ("kernel", pa.string()),       # the GPU kernel's name as the profiler recorded it
+    ("ts_us", pa.float64()),
+    ("dur_us", pa.float64()),
+    ("correlation", pa.int64()),
+    ("launched", pa.bool_()),      # its launch is in the file (False: launched before the window opened)
+    ("op", pa.string()),           # innermost cpu_op around the launch (aten::mm), null when none
+    ("op_ts_us", pa.float64()),    # that op event's start (one op event may launch several kernels)
+    ("op_class", pa.string()),     # the tracer's op class (gemm, elementwise, ...), collective for NCCL
+    ("shapes", pa.string()),       # JSON list of the op's tensor input shapes, null without record_shapes
+    ("dtype", pa.string()),
+    ("signature", pa.string()),    # id of (op, tensor shapes, dtypes): echo.profile.gpu_trace.signature_id
+    ("kernel_key", pa.string()),   # the traced kernel of that signature, when a workload was given
+    ("with_shapes", pa.bool_()),   # matched to an op with shapes (a collective: with its bytes)
+    ("collective", pa.string()),   # all_reduce | all_gather | reduce_scatter | all_to_all | ... for NCCL
+    ("group_size", pa.int32()),
+    ("group_ranks", pa.string()),  # JSON list of the group's global ranks, where the trace records it
+    ("bytes", pa.int64()),         # the collective's message as nccl-tests counts it
+    ("input_bytes", pa.int64()),   # the op's tensor inputs, each at its recorded dtype
+    ("concurrent_share", pa.float64()),  # of its duration, the share another stream's kernel ran beside it
+])
+
+# Per (rank, step, stream): busy (union of its activities) and idle time within the step.
+IMPORTED_STREAMS = pa.schema([
+    ("rank", pa.int32()),
+    ("step", pa.int32()),
+    ("stream", pa.int32()),
+    ("step_us", pa.float64()),
+    ("busy_us", pa.float64()),
+    ("idle_us", pa.float64()),
+    ("activities", pa.int64()),
+    ("nccl_us", pa.float64()),     # of busy_us, NCCL kernels
+])
+
+# Per op class of the A100 (or any) model's check: measured op events vs the roofline estimate.
+IMPORTED_MODEL_ERROR = pa.schema([
+    ("rank", pa.int32()),
+    ("op", pa.string()),
+    ("op_class", pa.string()),
+    ("shapes", pa.string()),
+    ("dtype", pa.string()),
+    ("isolated", pa.bool_()),      # no kernel of another stream ran beside these events (the clean measurement)
+    ("events", pa.int64()),        # op events of this (op, shapes, dtype) measured
+    ("measured_us", pa.float64()), # median GPU time per event
+    ("predicted_us", pa.float64()),
+    ("error", pa.float64()),       # predicted / measured - 1
+    ("bound", pa.string()),
+])

@@ -259,6 +259,32 @@ def cmd_collective(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_kineto(args: argparse.Namespace) -> int:
+    from echo.config import load_hardware
+    from echo.io import read_parquet
+    from echo.profile.gpu_import import describe, import_traces, job_name, write_import
+    from echo.profile.kineto import KinetoError
+    from echo.profile.stage import distinct_kernels
+    from echo.workflow import paths
+
+    hardware = load_hardware(args.hardware, root=args.config_dir)
+    kernels = None
+    if args.workload:
+        ops = _paths(args.results, args.workload)["ops"]
+        _need(ops, hint=f"run `python -m echo trace --workload {args.workload}` first")
+        kernels = distinct_kernels(read_parquet(ops))
+    try:
+        imp = import_traces(args.path, hardware, kernels)
+    except KinetoError as exc:
+        print(f"echo: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or Path(paths.IMPORT(job=job_name(args.path), hardware=args.hardware, results=args.results))
+    write_import(imp, out)
+    print(describe(imp))
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from echo.workflow.status import status
 
@@ -466,6 +492,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "NVLSTree, a list, or ^excluded (default: the topology's nccl.algo, else NCCL's choice)")
     p.add_argument("--nccl-proto", default=None, help="force the protocol as NCCL_PROTO does: LL, LL128, Simple "
                    "(default: the topology's nccl.proto, else NCCL's choice)")
+
+    p = add("import-kineto", cmd_import_kineto, "import a real job's GPU profiler (Kineto) traces: kernels with "
+            "their ops, shapes, collectives, steps and streams, and the hardware model's error on them")
+    p.add_argument("path", type=Path, help="a trace file (.json, .json.gz) or a folder of per-rank files")
+    p.add_argument("--hardware", required=True, help="the hardware file whose model is checked on the kernels")
+    p.add_argument("--workload", help="a traced workload: fill kernel_key where its kernels match the job's")
+    p.add_argument("--out", type=Path, help="output folder (default: RESULTS/import/JOB/HARDWARE)")
 
     p = add("status", cmd_status, "what is cached and what would re-run, and why (Snakemake's dry run, explained)")
     p.add_argument("targets", nargs="*", help="Snakemake targets (default: rule all)")

@@ -60,7 +60,7 @@ class GemmCall:
     m: int
     n: int
     k: int
-    fmt: str            # bf16 | fp32 | fp64 | fp8 | mxfp8 | blockwise_fp8 | nvfp4
+    fmt: str            # bf16 | fp32 (tf32 cores) | fp32_simt | fp64 | fp8 | mxfp8 | blockwise_fp8 | nvfp4
     a_bytes: float      # bytes per element of A and B as stored (fp4: 0.5; scales ignored, < 1%)
     b_bytes: float
     out_bytes: float

@@ -38,7 +38,7 @@ from echo.profile.kernel import Kernel
 # Kineto's ``Input type`` strings -> torch dtype names (as the trace records them)
 KINETO_DTYPES = {
     "float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
-    "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
+    "long int": "int64", "long": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
     "unsigned char": "uint8", "bool": "bool", "c10::complex<float>": "complex64",
     "c10::complex<double>": "complex128", "c10::Float8_e4m3fn": "float8_e4m3fn",
     "c10::Float8_e5m2": "float8_e5m2",
@@ -158,8 +158,10 @@ def event_signature(ev: dict) -> Signature | None:
 
 
 # --- reading the trace -------------------------------------------------------------------------
-def load_events(path: Path) -> list[dict]:
-    """The traceEvents of a Chrome trace file (.json or .json.gz)."""
+def load_document(path: Path) -> dict:
+    """The Chrome trace at ``path`` (.json or .json.gz) as a dict with its ``traceEvents`` (only
+    the dict events kept) and its metadata (``distributedInfo``, ``deviceProperties``, ...);
+    KinetoError naming the file and the reason when it is no Kineto trace."""
     path = Path(path)
     if not path.is_file():
         raise KinetoError(f"{path}: no such file")
@@ -167,18 +169,27 @@ def load_events(path: Path) -> list[dict]:
     try:
         with opener(path, "rt") as fh:
             data = json.load(fh)
-    except (OSError, ValueError) as exc:
+    except (OSError, EOFError, ValueError) as exc:  # EOFError: a gzip cut short
         raise KinetoError(f"{path}: not a JSON Chrome trace ({exc})") from exc
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise KinetoError(f"{path}: no traceEvents list")
-    if not any(e.get("cat") == "cpu_op" for e in events if isinstance(e, dict)):
+    events = [e for e in events if isinstance(e, dict)]
+    if not any(e.get("cat") == "cpu_op" for e in events):
         raise KinetoError(f"{path}: no cpu_op events (was it recorded with the CPU activity?)")
+    doc = dict(data) if isinstance(data, dict) else {}
+    doc["traceEvents"] = events
+    return doc
+
+
+def load_events(path: Path) -> list[dict]:
+    """The traceEvents of a Chrome trace file whose op events carry their shapes."""
+    events = load_document(path)["traceEvents"]
     if not any((e.get("args") or {}).get("Input Dims") is not None for e in events
-               if isinstance(e, dict) and e.get("cat") == "cpu_op"):
+               if e.get("cat") == "cpu_op"):
         raise KinetoError(f"{path}: cpu_op events carry no 'Input Dims': record it with "
                           "torch.profiler.profile(record_shapes=True)")
-    return [e for e in events if isinstance(e, dict)]
+    return events
 
 
 def import_trace(kernels: Iterable[Kernel], path: Path) -> Imported:

@@ -58,7 +58,7 @@ def estimate(hw: Hardware, k: Kernel) -> Estimate:
     if k.op_class == "gemm" or k.base in GEMM_OPS:
         call = gemm_call(k.base, k.args) or _call_from_shapes(k)
         if call is not None:
-            return _gemm_estimate(hw, call)
+            return gemm_estimate(hw, call)
     if k.op_class == "attention":
         call = attention_call(k.name, k.args, _flag(k, "is_causal"))
         if call is not None:
@@ -124,7 +124,9 @@ def gemm_rate(hw: Hardware, fmt: str) -> tuple[float, GemmRate, float]:
         peak = peak_tflops(hw, {"bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}.get(fmt, fmt))
         return peak, GemmRate(peak_fraction=cm.matmul_efficiency, wave_overhead_us=NOMINAL_WAVE_OVERHEAD_US,
                               full_rate_reuse=NOMINAL_FULL_RATE_REUSE), 1.0
-    if fmt in ("fp32", "fp64"):
+    if fmt in ("fp32", "fp64", "fp32_simt"):
+        # fp32_simt: an fp32 GEMM on the CUDA cores (cuBLAS sgemm, PyTorch's default while
+        # allow_tf32 is off), at the fp32 peak with the bf16 tile costs, as fp64 is
         tf32 = fmt == "fp32" and hw.peak_tflops.tf32 is not None and cm.gemm.tf32 is not None
         return (hw.peak_tflops.tf32, cm.gemm.tf32, 1.0) if tf32 else (hw.peak_tflops.fp32, cm.gemm.bf16, 1.0)
     peak_key, rate_key, factor_key = _FORMAT[fmt]
@@ -138,7 +140,8 @@ def gemm_rate(hw: Hardware, fmt: str) -> tuple[float, GemmRate, float]:
 
 
 # --- the three kinds of kernel ----------------------------------------------------------------
-def _gemm_estimate(hw: Hardware, call: GemmCall) -> Estimate:
+def gemm_estimate(hw: Hardware, call: GemmCall) -> Estimate:
+    """Duration of one GEMM call on ``hw`` (echo.profile.gemm_model)."""
     cm = hw.compute_model
     peak, rate, factor = gemm_rate(hw, call.fmt)
     launch = cm.gemm.launch_us if cm.gemm is not None else cm.kernel_launch_us

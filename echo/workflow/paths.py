@@ -60,6 +60,7 @@ REPORT = Folder("report")
 EXPERIMENT_FIGURES = Folder("report/experiments/{workload}/{hardware}/{topology}")
 SWEEP_FIGURES = Folder("report/sweeps/{sweep}")
 FIT = Folder("fit")
+IMPORT = Folder("import/{job}/{hardware}")  # a real job's GPU Kineto traces, read (echo.profile.gpu_import)
 
 TRACE_TABLES = ("ops", "comms", "deps", "ranks")
 SIMULATE_OUTPUTS = ("summary.parquet", "timeline.parquet", "trace.json")
@@ -84,6 +85,9 @@ VIEWS = {
     "published": VALIDATE.under("published.parquet"),
     "sweep_layouts": SWEEP.under("layouts.parquet"),
     "sweep_ranking": SWEEP.under("ranking.parquet"),
+    "imported_activity": IMPORT.under("activity.parquet"),
+    "imported_streams": IMPORT.under("streams.parquet"),
+    "imported_model_error": IMPORT.under("model_error.parquet"),
 }
 
 Names = tuple[str, str, str]  # an experiment: (workload, hardware, topology)
