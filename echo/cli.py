@@ -285,6 +285,28 @@ def cmd_import_kineto(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from echo.config import load_hardware
+    from echo.io import read_parquet, write_parquet
+    from echo.network.query import model_for
+    from echo.report.explain import EXPLAIN, describe, explain
+    from echo.workflow import paths
+
+    hardware = load_hardware(args.hardware, root=args.config_dir)
+    folder = Path(paths.IMPORT(job=args.job, hardware=args.hardware, results=args.results))
+    _need(folder / "activity.parquet", folder / "import.json",
+          hint=f"run `python -m echo import-kineto PATH --hardware {args.hardware}` first")
+    network = None
+    if args.topology:
+        network = model_for(args.topology, _paths(args.results, topology=args.topology)["network"], args.config_dir)
+    table = explain(read_parquet(folder / "activity.parquet"), json.loads((folder / "import.json").read_text()),
+                    hardware, network)
+    write_parquet(table, folder / "explain.parquet", EXPLAIN)
+    print(describe(table))
+    print(f"wrote {folder / 'explain.parquet'}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from echo.workflow.status import status
 
@@ -499,6 +521,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", required=True, help="the hardware file whose model is checked on the kernels")
     p.add_argument("--workload", help="a traced workload: fill kernel_key where its kernels match the job's")
     p.add_argument("--out", type=Path, help="output folder (default: RESULTS/import/JOB/HARDWARE)")
+
+    p = add("explain", cmd_explain, "an imported real job's step, phase by phase, measured beside what Echo's "
+            "models give for the same kernels and messages, largest differences first")
+    p.add_argument("job", help="the import's job name (RESULTS/import/JOB/HARDWARE, from import-kineto)")
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--topology", help="price the job's collectives on this topology's model (default: measured only)")
 
     p = add("status", cmd_status, "what is cached and what would re-run, and why (Snakemake's dry run, explained)")
     p.add_argument("targets", nargs="*", help="Snakemake targets (default: rule all)")

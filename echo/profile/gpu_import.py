@@ -185,6 +185,7 @@ def _rank_summary(r: RankTrace) -> dict:
     return {"rank": r.rank, "file": str(r.path), "world_size": r.world_size, "device": r.device,
             "shapes_recorded": r.shapes_recorded, "steps": len(r.steps),
             "mean_step_ms": sum(s[2] for s in r.steps) / len(r.steps) / 1e3 if r.steps else None,
+            "step_spans_us": [[n, start, dur] for n, start, dur in r.steps],
             "gpu_kernel_ms": total / 1e3, "matched_share": matched / total if total else 0.0,
             "named_share": named / total if total else 0.0, "before_window_ms": before / 1e3,
             "kernel_ms_by_class": dict(sorted(by_class.items(), key=lambda kv: -kv[1]))}

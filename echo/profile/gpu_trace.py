@@ -264,12 +264,18 @@ def _collective(comm: list[OpEvent], groups: dict) -> dict:
             out["group_ranks"] = json.dumps(groups[str(a["Process Group Name"])])
         if out["bytes"] is not None:
             return out
-    # older traces: the tensors of the c10d op (or of record_param_comms) give the message
-    for op in [*reversed(c10d), *reversed(rpc)]:
-        sizes = _tensor_bytes(op.args)
-        if sizes:
-            out["bytes"] = max(sizes)  # nccl-tests' size: the whole buffer (all-gather output, reduce-scatter input)
-            return out
+    # older traces: the tensors of the c10d op, its record_param_comms and nccl: range give the
+    # message; the largest is nccl-tests' size (the whole buffer: all-gather output, reduce-scatter
+    # input), and the c10d op's output / input ratio an all-gather's or reduce-scatter's group size
+    sizes = [b for op in comm for b in _tensor_bytes(op.args)]
+    if sizes:
+        out["bytes"] = max(sizes)
+    if out["group_size"] is None and out["collective"] in ("all_gather", "reduce_scatter"):
+        for op in c10d:
+            pair = _tensor_bytes(op.args)[:2]
+            if len(pair) == 2 and min(pair) > 0 and max(pair) % min(pair) == 0:
+                out["group_size"] = max(pair) // min(pair)
+                break
     return out
 
 

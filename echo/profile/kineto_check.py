@@ -31,6 +31,9 @@ from echo.profile.gemm_model import GemmCall
 from echo.profile.kernel import Kernel
 
 CHECKED_CLASSES = ("gemm", "elementwise", "copy")
+# also streamed by the model (one output the size of the broadcast inputs), but not ground truth
+# for it: a norm's backward writes several outputs, a softmax's reads its input twice
+STREAMED_CLASSES = ("norm", "softmax")
 _BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
           "int8": 1, "uint8": 1, "bool": 1}
 # kernel-name marks of a tensor-core fp32 (TF32) GEMM; cuBLAS' split-K reduction carries none
@@ -58,14 +61,14 @@ def model_error(rows: list[dict], hw: Hardware) -> list[dict]:
     for (rank, _, op, shapes, dtype), ev in events.items():
         if ev["class"] == "gemm" and all(_REDUCTION_ONLY in k for k in ev["kernels"]):
             continue  # a GEMM event whose main-loop kernel the trace lost: only its split-K reduction
-        fmt = _format(dtype, ev["kernels"]) if ev["class"] == "gemm" else ""
+        fmt = gemm_format(dtype, ev["kernels"]) if ev["class"] == "gemm" else ""
         key = (rank, op, shapes, dtype, fmt, ev["isolated"])
         pooled[key].append(ev["us"])
         meta[key] = ev
     out = []
     for (rank, op, shapes, dtype, fmt, isolated), measured in sorted(pooled.items(), key=lambda kv: kv[0]):
         ev = meta[(rank, op, shapes, dtype, fmt, isolated)]
-        est = _estimate(hw, op, ev["class"], json.loads(shapes), dtype, fmt, ev["input_bytes"] or 0)
+        est = estimate_event(hw, op, ev["class"], json.loads(shapes), dtype, fmt, ev["input_bytes"] or 0)
         if est is None:
             continue
         m = float(statistics.median(measured))
@@ -98,7 +101,8 @@ def summarize(errors: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _format(dtype: str | None, kernels: list[str]) -> str:
+def gemm_format(dtype: str | None, kernels: list[str]) -> str:
+    """The GemmCall format of a measured GEMM: its dtype, and for fp32 the kernels' names."""
     if dtype in ("bfloat16", "float16"):
         return "bf16"
     if dtype == "float64":
@@ -109,7 +113,13 @@ def _format(dtype: str | None, kernels: list[str]) -> str:
     return "fp32_simt" if any(m in names for m in _SIMT_MARKS) or dtype == "float32" else "bf16"
 
 
-def _estimate(hw: Hardware, op: str, cls: str, shapes: list, dtype: str, fmt: str, input_bytes: int):
+def estimate_event(hw: Hardware, op: str, cls: str, shapes: list, dtype: str, fmt: str,
+                   input_bytes: int) -> roofline.Estimate | None:
+    """The model's time of one measured op event (``fmt``: gemm_format's, for a GEMM); None where
+    the model has no reading of it (an op class that does not stream its inputs, a GEMM of
+    unexpected ranks, inputs that do not broadcast)."""
+    if cls not in (*CHECKED_CLASSES, *STREAMED_CLASSES):
+        return None
     base = op.split("::")[-1]
     if cls == "gemm":
         dims = roofline.gemm_dims(base, shapes)
