@@ -78,7 +78,7 @@ def _rank_rows(rank, world, steps, acts, hw, network) -> list[dict]:
     predicted: dict[str, float] = defaultdict(float)
     unread: dict[str, float] = defaultdict(float)
     notes: dict[str, str] = {}
-    for key, ev in _events(acts).items():
+    for ev in _events(acts).values():
         phase, us = ev["phase"], ev["us"]
         measured[phase] += us
         guess = _predict(ev, hw, network, world)
