@@ -220,6 +220,41 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chakra_export(args: argparse.Namespace) -> int:
+    from echo.io import read_parquet
+    from echo.trace.chakra import export_trace
+
+    p = _paths(args.results, args.workload, args.hardware or "")
+    _need(p["ops"], hint=f"run `python -m echo trace --workload {args.workload}` first")
+    durations = None
+    if args.hardware:
+        _need(p["kernels"], hint=f"run `python -m echo profile --workload {args.workload} --hardware {args.hardware}` first")
+        k = read_parquet(p["kernels"])
+        durations = dict(zip(k["kernel_key"].to_pylist(), k["duration_us"].to_pylist(), strict=True))
+    out = args.out or Path(args.results) / "chakra" / args.workload
+    manifest = export_trace(p["trace_dir"], out, args.workload, p["rank_classes"], durations)
+    print(f"{out}: {len(manifest['files'])} Chakra ET files (schema {manifest['schema']})"
+          + (f", costed on {args.hardware}" if durations else ", uncosted (give --hardware for durations)"))
+    return 0
+
+
+def cmd_chakra_import(args: argparse.Namespace) -> int:
+    from echo.config import load_workload
+    from echo.trace.chakra import import_trace
+    from echo.trace.chakra_schema import ChakraError
+
+    workload = load_workload(args.workload, root=args.config_dir)
+    out = _paths(args.results, args.workload)["trace_dir"]
+    try:
+        got = import_trace(args.path, out, workload)
+    except ChakraError as exc:
+        print(f"echo: {exc}", file=sys.stderr)
+        return 2
+    print(f"{out}: {len(got['ranks'])} ranks, {got['ops']} ops, {got['deps']} dependencies, "
+          f"{got['comms']} collectives and transfers from {len(got['files'])} Chakra ET files")
+    return 0
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
@@ -497,6 +532,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--class", dest="class_id", type=int, required=True, help="class_id in rank_classes.parquet")
     p.add_argument("--format", choices=("graphml", "dot"), default="graphml")
     p.add_argument("--out", type=Path, default=None, help="output file (default: RESULTS/trace/W/classC.FORMAT)")
+
+    p = add("chakra-export", cmd_chakra_export, "write each traced rank's graph as a Chakra execution trace "
+            "(schema 0.0.4, as ASTRA-sim reads it), costed when --hardware is given")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--hardware", help="a profiled hardware: each compute node's duration from its kernels.parquet")
+    p.add_argument("--out", type=Path, help="output folder (default: RESULTS/chakra/WORKLOAD)")
+
+    p = add("chakra-import", cmd_chakra_import, "a workload's trace tables from Chakra execution traces (Echo's "
+            "export, or another tool's prefix.RANK.et graphs), for dedup, profile and simulate to run on")
+    p.add_argument("path", type=Path, help="a folder of .et files (and its comm_groups.json), or one file")
+    p.add_argument("--workload", required=True, help="the workload whose layout and schedule the graphs run in")
 
     p = add("diff", cmd_diff, "op, shape and collective differences between two traced workloads, per role")
     p.add_argument("a", help="a traced workload (e.g. one with zero 1)")
