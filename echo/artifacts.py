@@ -216,6 +216,9 @@ IMPORTED_MODEL_ERROR = pa.schema([
     ("shapes", pa.string()),
     ("dtype", pa.string()),
     ("isolated", pa.bool_()),      # no kernel of another stream ran beside these events (the clean measurement)
+    ("fmt", pa.string()),          # a GEMM's format (bf16, fp32 = TF32 cores, fp32_simt, ...); "" otherwise
+    ("signature", pa.string()),    # echo.profile.gpu_trace.signature_id of (op, shapes, dtypes)
+    ("work", pa.float64()),        # FLOPs of a GEMM, bytes of a streamed op
     ("events", pa.int64()),        # op events of this (op, shapes, dtype) measured
     ("measured_us", pa.float64()), # median GPU time per event
     ("predicted_us", pa.float64()),

@@ -130,7 +130,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _need(p["ops"], hint=f"run `python -m echo trace --workload {args.workload}` first")
     # the workflow's cache by default, so the CLI and `snakemake` time each kernel once between them
     cache_dir = args.cache_dir if args.cache_dir is not None else p["profile_cache"]
-    run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=cache_dir, ranks_on_host=ranks)
+    run_profile(hardware, p["trace_dir"], p["kernels"], cache_dir=cache_dir, ranks_on_host=ranks, overlay=args.overlay)
     print(p["kernels"])
     return 0
 
@@ -320,6 +320,28 @@ def cmd_import_kineto(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit_overlay(args: argparse.Namespace) -> int:
+    from echo.io import read_parquet
+    from echo.profile.overlay import build_overlay, write_overlay
+    from echo.workflow import paths
+
+    rows, sources = [], []
+    for job in args.jobs:
+        f = Path(paths.IMPORT("model_error.parquet", job=job, hardware=args.hardware, results=args.results))
+        _need(f, hint=f"run `python -m echo import-kineto PATH --hardware {args.hardware}` first")
+        rows += read_parquet(f).to_pylist()
+        sources.append(str(f))
+    doc = build_overlay(rows, args.hardware, sources)
+    out = args.out or Path(paths.OVERLAY(f"{args.hardware}.json", job="+".join(args.jobs), results=args.results))
+    write_overlay(doc, out)
+    print(f"{out}: {len(doc['regimes'])} shape regimes, {len(doc['exact'])} exact shapes "
+          f"({doc['split']['fit_shapes']} fitted, {doc['split']['held_out_shapes']} held out)")
+    for cls, v in doc["validation"].items():
+        print(f"  held out, {cls}: mean |error| model {100 * v['model_mean_abs_error']:.1f}% -> overlay "
+              f"{100 * v['overlay_mean_abs_error']:.1f}% over {v['shapes']} shapes ({v['covered']} in fitted regimes)")
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from echo.config import load_hardware
     from echo.io import read_parquet, write_parquet
@@ -506,6 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", required=True)
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="kernel timing cache (default: RESULTS/profile/_cache, the workflow's)")
+    p.add_argument("--overlay", type=Path, default=None,
+                   help="a real job's overlay (fit-overlay) over the GPU model, for the kernels it covers")
 
     p = add("calibrate", cmd_calibrate, "fit the collective model of a topology")
     p.add_argument("--topology", required=True)
@@ -567,6 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", required=True, help="the hardware file whose model is checked on the kernels")
     p.add_argument("--workload", help="a traced workload: fill kernel_key where its kernels match the job's")
     p.add_argument("--out", type=Path, help="output folder (default: RESULTS/import/JOB/HARDWARE)")
+
+    p = add("fit-overlay", cmd_fit_overlay, "a hardware profile overlay from imported real jobs' kernels "
+            "(per shape regime, fitted on a declared split, its held-out error printed)")
+    p.add_argument("jobs", nargs="+", help="imports (RESULTS/import/JOB/HARDWARE) to build it from")
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--out", type=Path, help="output file (default: RESULTS/fit/overlay/JOB/HARDWARE.json)")
 
     p = add("explain", cmd_explain, "an imported real job's step, phase by phase, measured beside what Echo's "
             "models give for the same kernels and messages, largest differences first")

@@ -249,11 +249,18 @@ def test_the_workflow_rule_imports_a_dropped_in_job(reference, workflow_copy: Pa
     for r in (0, 1):
         shutil.copy(reference / "kineto" / f"a100_128rank_sampled_rank{r}.json.gz", job)
     target = f"results/import/dlrm/{A100}/import.json"
-    proc = snakemake(workflow_copy, "--cores", "1", target)
+    overlay = f"results/fit/overlay/dlrm/{A100}.json"
+    proc = snakemake(workflow_copy, "--cores", "1", target, overlay)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((workflow_copy / target).read_text())
     assert len(summary["ranks"]) == 2 and summary["matched_share"] >= 0.9
     assert "matched" in (workflow_copy / "logs" / "import" / "dlrm" / f"{A100}.log").read_text()
+    assert json.loads((workflow_copy / overlay).read_text())["validation"]
+    # copied to imports/overlay/, it is an input of every profile job on that hardware
+    (workflow_copy / "imports" / "overlay").mkdir()
+    shutil.copy(workflow_copy / overlay, workflow_copy / "imports" / "overlay" / f"{A100}.json")
+    proc = snakemake(workflow_copy, "-n", "--cores", "1", f"results/profile/tiny-dp2/{A100}/kernels.parquet")
+    assert proc.returncode == 0 and f"imports/overlay/{A100}.json" in proc.stdout + proc.stderr
 
 
 # --- explain ------------------------------------------------------------------------------------
@@ -288,3 +295,62 @@ def test_explain_a_real_multi_rank_job_phase_by_phase(reference, tmp_path, capsy
 def test_explain_needs_an_import_first(tmp_path, capsys):
     assert main(["explain", "nothing", "--hardware", A100, "--results", str(tmp_path)]) == 1
     assert "import-kineto" in capsys.readouterr().err
+
+
+# --- overlay ------------------------------------------------------------------------------------
+def test_an_overlay_is_fitted_on_a_declared_split_and_scored_on_the_rest(imported):
+    from echo.profile.overlay import build_overlay, held_out
+
+    rows = imported["a100_16rank_rank0"].model_error.to_pylist() + imported["a100_128rank_sampled_rank0"].model_error.to_pylist()
+    doc = build_overlay(rows, A100, ["x"])
+    fit_sigs = {r["signature"] for r in rows if r["isolated"] and not held_out(r["signature"])}
+    assert set(doc["exact"]) <= fit_sigs  # no held-out shape is in the exact table
+    assert doc["split"]["held_out_shapes"] > 0 and doc["validation"]
+    for v in doc["validation"].values():
+        assert v["shapes"] > 0 and v["model_mean_abs_error"] >= 0 and v["overlay_mean_abs_error"] >= 0
+    for r in doc["regimes"].values():  # kept only where it beat the model on its own fit shapes, left out in turn
+        assert r["shapes"] >= 3 and r["loo_mean_abs_error"] < r["model_mean_abs_error"]
+
+
+def test_the_profile_stage_uses_an_overlay_for_the_kernels_it_covers(tmp_path):
+    from test_profile import ops_table
+
+    from echo.profile import distinct_kernels, run_profile
+    from echo.profile.gpu_trace import signature_id
+    from echo.profile.kineto import kernel_signature
+    from echo.profile.overlay import SCHEMA, regime
+
+    hw = load_hardware(A100)
+    mm = kernel("aten.mm.default", "gemm", [T([4096, 4096], "bfloat16"), T([4096, 4096], "bfloat16")],
+                dtype="bfloat16", flops=2 * 4096**3, nbytes=3 * 4096 * 4096 * 2)
+    add = kernel("aten.add.Tensor", "elementwise", [T([4096, 4096], "bfloat16"), T([4096, 4096], "bfloat16")],
+                 dtype="bfloat16", nbytes=3 * 4096 * 4096 * 2)
+    relu = kernel("aten.relu.default", "elementwise", [T([64], "bfloat16")], dtype="bfloat16", nbytes=256)
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    from echo.io import write_parquet
+
+    write_parquet(ops_table([mm, add, relu]), trace / "ops.parquet")
+    kernels = distinct_kernels(read_parquet(trace / "ops.parquet"))
+    from echo.profile import roofline
+
+    est = {k.name: roofline.estimate(hw, k) for k in kernels}
+    k_add = next(k for k in kernels if k.name == "aten.add.Tensor")
+    doc = {"schema": SCHEMA, "hardware": A100, "sources": ["test"],
+           "exact": {signature_id(kernel_signature(next(k for k in kernels if k.name == "aten.mm.default"))): 777.0},
+           "regimes": {regime("elementwise", "", est["aten.add.Tensor"].bound, k_add.bytes): {"factor": 1.5}}}
+    overlay = tmp_path / "overlay.json"
+    overlay.write_text(json.dumps(doc))
+    note = run_profile(hw, trace, tmp_path / "out" / "kernels.parquet", overlay=overlay)
+    rows = {r["name"]: r for r in read_parquet(tmp_path / "out" / "kernels.parquet").to_pylist()}
+    assert rows["aten.mm.default"]["source"] == "overlay" and rows["aten.mm.default"]["duration_us"] == 777.0
+    assert rows["aten.add.Tensor"]["source"] == "model+overlay"
+    assert rows["aten.add.Tensor"]["duration_us"] == pytest.approx(1.5 * est["aten.add.Tensor"].duration_us)
+    assert rows["aten.relu.default"]["source"] == "model"
+    assert note["overlay"]["covered"] == {"overlay": 1, "model+overlay": 1} and note["overlay"]["modelled"] == 1
+    # another hardware's overlay, or a CPU target, is refused before any work
+    with pytest.raises(ValueError, match="not 'h100-sxm-80gb'"):
+        run_profile(load_hardware("h100-sxm-80gb"), trace, tmp_path / "o2" / "kernels.parquet", overlay=overlay)
+    with pytest.raises(ValueError, match="timed here"):
+        run_profile(load_hardware("local-cpu"), trace, tmp_path / "o3" / "kernels.parquet", overlay=overlay)
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()

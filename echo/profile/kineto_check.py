@@ -24,6 +24,7 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 
 from echo.config import Hardware
 from echo.profile import roofline
@@ -52,7 +53,8 @@ def model_error(rows: list[dict], hw: Hardware) -> list[dict]:
             continue
         key = (a["rank"], a["op_ts_us"], a["op"], a["shapes"], a["dtype"])
         ev = events.setdefault(key, {"us": 0.0, "kernels": [], "class": a["op_class"],
-                                     "input_bytes": a["input_bytes"], "isolated": True})
+                                     "input_bytes": a["input_bytes"], "isolated": True,
+                                     "signature": a["signature"]})
         ev["us"] += a["dur_us"]
         ev["isolated"] &= a["concurrent_share"] == 0.0
         ev["kernels"].append(a["kernel"])
@@ -68,13 +70,14 @@ def model_error(rows: list[dict], hw: Hardware) -> list[dict]:
     out = []
     for (rank, op, shapes, dtype, fmt, isolated), measured in sorted(pooled.items(), key=lambda kv: kv[0]):
         ev = meta[(rank, op, shapes, dtype, fmt, isolated)]
-        est = estimate_event(hw, op, ev["class"], json.loads(shapes), dtype, fmt, ev["input_bytes"] or 0)
+        est = event_estimate(hw, op, ev["class"], json.loads(shapes), dtype, fmt, ev["input_bytes"] or 0)
         if est is None:
             continue
         m = float(statistics.median(measured))
         cls = f"gemm ({fmt})" if fmt else ev["class"]
         out.append({"rank": rank, "op": op, "op_class": cls, "shapes": shapes, "dtype": dtype,
-                    "isolated": isolated, "events": len(measured), "measured_us": m, "predicted_us": est.duration_us,
+                    "isolated": isolated, "fmt": fmt, "signature": ev["signature"], "work": est.work,
+                    "events": len(measured), "measured_us": m, "predicted_us": est.duration_us,
                     "error": est.duration_us / m - 1.0 if m > 0 else math.nan, "bound": est.bound})
     return out
 
@@ -111,6 +114,31 @@ def gemm_format(dtype: str | None, kernels: list[str]) -> str:
     if any(m in names for m in _TF32_MARKS):
         return "fp32"
     return "fp32_simt" if any(m in names for m in _SIMT_MARKS) or dtype == "float32" else "bf16"
+
+
+@dataclass(frozen=True)
+class EventEstimate:
+    """The model's reading of one measured op event."""
+
+    duration_us: float
+    bound: str
+    work: float          # FLOPs of a GEMM, bytes of a streamed op: the size of its shape regime
+
+
+def event_estimate(hw: Hardware, op: str, cls: str, shapes: list, dtype: str, fmt: str,
+                   input_bytes: int) -> EventEstimate | None:
+    """``estimate_event`` with the event's work (FLOPs or bytes)."""
+    base = op.split("::")[-1]
+    est = estimate_event(hw, op, cls, shapes, dtype, fmt, input_bytes)
+    if est is None:
+        return None
+    if cls == "gemm":
+        b, m, n, k = roofline.gemm_dims(base, shapes)
+        work = 2.0 * b * m * n * k
+    else:
+        work = float(input_bytes + (0 if base in _WRITE_ONLY_SELF else
+                                    math.prod(_broadcast(shapes)) * _BYTES.get(dtype, 4)))
+    return EventEstimate(est.duration_us, est.bound, work)
 
 
 def estimate_event(hw: Hardware, op: str, cls: str, shapes: list, dtype: str, fmt: str,

@@ -4,7 +4,9 @@ Three sources, one table (``source`` says which gave each row):
 
 - ``imported``: read from a PyTorch profiler (Kineto) Chrome trace of a real run of the workload
   (``kineto``), when one is given; kernels it does not cover fall through to the next two;
-- ``model``: a GPU target is modelled (``roofline``);
+- ``model``: a GPU target is modelled (``roofline``); a real job's overlay (``overlay``), when
+  given, replaces the kernels it covers (``overlay``: measured, same call; ``model+overlay``:
+  the model times its shape regime's measured factor);
 - ``measured``: the local CPU (``kind: cpu``) is timed (``measure``), cached across workloads:
   each kernel alone, scaled by how much slower its op class runs inside the loop (``inloop``:
   the trace's tasks replayed in order).
@@ -57,13 +59,21 @@ NOTE = "profile.json"
 
 
 def run_profile(hardware: Hardware, trace_dir: Path, out_path: Path, cache_dir: Path | None = None,
-                imported: Path | None = None, ranks_on_host: int = 1) -> dict:
+                imported: Path | None = None, ranks_on_host: int = 1, overlay: Path | None = None) -> dict:
     """Write ``out_path`` (KERNELS): each distinct kernel of ``trace_dir/ops.parquet`` with its
     duration on ``hardware``: imported from the Kineto trace ``imported`` where it has the kernel,
     else modelled for a GPU or measured (and cached in ``cache_dir``) for the local CPU, whose
     run has ``ranks_on_host`` ranks busy at once (``eager.colocated_ranks``). Also writes the
-    note ``profile.json`` next to ``out_path``, and returns it."""
+    note ``profile.json`` next to ``out_path``, and returns it. ``overlay`` (echo.profile.overlay,
+    GPU hardware only) replaces the model's time of the kernels a real job's measurements cover."""
     t0 = time.perf_counter()
+    overlay_doc = None
+    if overlay is not None:
+        from echo.profile.overlay import load_overlay
+
+        if hardware.kind != "gpu":
+            raise ValueError(f"{overlay}: an overlay corrects a GPU model; hardware '{hardware.name}' is timed here")
+        overlay_doc = load_overlay(Path(overlay), hardware)  # refused before any kernel is timed
     out_path = Path(out_path)
     kernels = distinct_kernels(read_parquet(Path(trace_dir) / "ops.parquet"))
     note: dict = {"hardware": hardware.name, "kind": hardware.kind, "kernels": len(kernels)}
@@ -83,6 +93,14 @@ def run_profile(hardware: Hardware, trace_dir: Path, out_path: Path, cache_dir: 
                         "modelled" if hardware.kind == "gpu" else "measured here")
     if hardware.kind == "gpu":
         results.update(model_kernels(todo, hardware))
+        if overlay_doc is not None:
+            from echo.profile.overlay import apply_overlay
+
+            covered = apply_overlay(overlay_doc, todo, hardware)
+            results.update(covered)
+            note["overlay"] = {"file": str(overlay), "sources": overlay_doc["sources"],
+                               "covered": dict(Counter(r.source for r in covered.values())),
+                               "modelled": len(todo) - len(covered)}
     else:
         from echo.profile.measure import measure_kernels  # imports torch; GPU targets need not
 

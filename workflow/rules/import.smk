@@ -30,3 +30,25 @@ rule import_kineto:
         "../envs/echo.yaml"
     script:
         "../scripts/import_kineto.py"
+
+
+# fit_overlay: the hardware profile overlay of one imported job (echo.profile.overlay): its
+# isolated kernels' measured / modelled ratio per shape regime, fitted on a declared split (one
+# shape in four held out, by hash) with the held-out error in the file. Only asked for by path;
+# copy the result to imports/overlay/{hardware}.json for the profile rule to use it.
+rule fit_overlay:
+    input:
+        model_error=paths.IMPORT("model_error.parquet"),
+    output:
+        overlay=paths.OVERLAY("{hardware}.json"),
+    params:
+        code=code_version("profile"),
+    threads: 1
+    log:
+        "logs/fit_overlay/{job}/{hardware}.log",
+    benchmark:
+        "results/benchmarks/fit_overlay/{job}/{hardware}.tsv"
+    conda:
+        "../envs/echo.yaml"
+    script:
+        "../scripts/fit_overlay.py"

@@ -6,15 +6,19 @@
 # applied, each measured once per CPU and cached there too), modelled (roofline + fitted efficiency)
 # for a GPU. A PyTorch profiler (Kineto) Chrome trace of a real run of the workload on that
 # hardware, dropped at imports/kineto/{workload}/{hardware}.json (or .json.gz), fills the
-# kernels it covers (source = imported); profile.json counts what it could not match.
+# kernels it covers (source = imported); profile.json counts what it could not match. A real
+# job's overlay (rule fit_overlay) copied to imports/overlay/{hardware}.json replaces the model's
+# time of the kernels it covers on that GPU (source = overlay or model+overlay).
 
 from echo.profile.kineto import dropped_in_trace
+from echo.profile.overlay import dropped_in_overlay
 
 
 rule profile:
     input:
         validated("hardware", "numerics"),
         unpack(lambda wc: dropped_in_trace(wc.workload, wc.hardware)),
+        unpack(lambda wc: dropped_in_overlay(wc.hardware)),
         **paths.trace_tables(),
     output:
         kernels=paths.PROFILE("kernels.parquet"),

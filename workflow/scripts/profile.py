@@ -1,4 +1,4 @@
-"""rule profile: echo.profile.run_profile(hardware, trace_dir, out_path, cache_dir, imported, ranks_on_host)."""
+"""rule profile: echo.profile.run_profile(hardware, trace_dir, out_path, cache_dir, imported, ranks_on_host, overlay)."""
 
 from pathlib import Path
 
@@ -13,9 +13,10 @@ def main() -> None:
 
     hardware = Hardware.model_validate(sm.params.hardware)
     imported = Path(sm.input.imported) if "imported" in sm.input.keys() else None
+    overlay = Path(sm.input.overlay) if "overlay" in sm.input.keys() else None
     note = run_profile(hardware, Path(sm.input.ops).parent, Path(sm.output.kernels),
                        cache_dir=Path(sm.params.cache_dir), imported=imported,
-                       ranks_on_host=sm.params.ranks_on_host)
+                       ranks_on_host=sm.params.ranks_on_host, overlay=overlay)
     if Path(sm.output.note) != Path(sm.output.kernels).with_name("profile.json"):
         raise RuntimeError(f"profile.json is written next to kernels.parquet, not at {sm.output.note}")
     del note
