@@ -44,7 +44,6 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/measure.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/fit.smk"
-include: "workflow/rules/import.smk"
 
 
 localrules:

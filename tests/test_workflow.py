@@ -386,7 +386,8 @@ def test_audit_every_view_name_matches_design() -> None:
     assert list(VIEWS) == ["ops", "comms", "deps", "traced_ranks", "rank_classes", "kernels",
                                        "collectives", "calibration_measurements", "summary", "timeline",
                                        "overlap_slowdown", "measured",
-                                       "measured_phases", "compare", "published", "sweep_layouts", "sweep_ranking"]
+                                       "measured_phases", "compare", "published", "sweep_layouts", "sweep_ranking",
+                                       "imported_activity", "imported_streams", "imported_model_error"]
 
 
 def test_audit_empty_results(tmp_path: Path) -> None:
