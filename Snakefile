@@ -12,7 +12,7 @@
 #   sweep     results/sweep/{sweep}/{layouts,ranking}.parquet: config/sweeps/{sweep}.yaml's layouts,
 #             workloads named {sweep}--{tokens} that run through the stages above
 #   import    results/import/{job}/{hardware}/: a real job's GPU Kineto traces (imports/gpu/{job}/), read
-#             and checked against the hardware's model (asked for by path)
+#             and checked against the hardware's model (rules in profile.smk; asked for by path)
 #   search    results/search/{search}/{layouts,ranking,pareto,verify}.parquet, front_*.svg: the same
 #             kind of file's layouts by the thousand, each rank composed from layer templates:
 #             a job per block signature (templates/), the checks, a job per shard (shards/), the ranking
