@@ -356,8 +356,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     network = None
     if args.topology:
         network = model_for(args.topology, _paths(args.results, topology=args.topology)["network"], args.config_dir)
+    simulated = None
+    if args.workload:
+        if not args.topology:
+            print("echo explain: --workload needs --topology (the simulation it reads)", file=sys.stderr)
+            return 2
+        sim = _paths(args.results, args.workload, args.hardware, args.topology)["simulate_dir"] / "summary.parquet"
+        _need(sim, hint=f"simulate {args.workload} on {args.hardware} / {args.topology} first")
+        simulated = read_parquet(sim).to_pylist()[0]
     table = explain(read_parquet(folder / "activity.parquet"), json.loads((folder / "import.json").read_text()),
-                    hardware, network)
+                    hardware, network, simulated)
     write_parquet(table, folder / "explain.parquet", EXPLAIN)
     print(describe(table))
     print(f"wrote {folder / 'explain.parquet'}")
@@ -603,6 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="the import's job name (RESULTS/import/JOB/HARDWARE, from import-kineto)")
     p.add_argument("--hardware", required=True)
     p.add_argument("--topology", help="price the job's collectives on this topology's model (default: measured only)")
+    p.add_argument("--workload", help="the job's workload, simulated on HARDWARE and TOPOLOGY: its step, compute, "
+                   "exposed communication and bubble beside the measured")
 
     p = add("status", cmd_status, "what is cached and what would re-run, and why (Snakemake's dry run, explained)")
     p.add_argument("targets", nargs="*", help="Snakemake targets (default: rule all)")

@@ -354,3 +354,20 @@ def test_the_profile_stage_uses_an_overlay_for_the_kernels_it_covers(tmp_path):
     with pytest.raises(ValueError, match="timed here"):
         run_profile(load_hardware("local-cpu"), trace, tmp_path / "o3" / "kernels.parquet", overlay=overlay)
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+def test_explain_beside_a_simulated_workload(tmp_path, hw):
+    """With the job's simulated step, the step-level rows carry Echo's predictions."""
+    from echo.report.explain import explain
+
+    imp = gpu_import.import_traces(_small_job(tmp_path), hw)
+    sim = {"workload": "w", "topology": "t", "step_time_s": 1e-3, "compute_s": 2e-5, "exposed_comm_s": 1e-4,
+           "bubble_s": 3e-4}
+    rows = {r["phase"]: r for r in explain(imp.activity, imp.summary, hw, None, sim).to_pylist()}
+    assert rows["step"]["predicted_ms"] == pytest.approx(1.0) and rows["step"]["measured_ms"] == pytest.approx(1.0)
+    assert rows["compute"]["measured_ms"] == pytest.approx(0.040)  # the mm kernel, 40 us
+    assert rows["compute"]["predicted_ms"] == pytest.approx(0.020)
+    # 200 us of all-reduce, 20 of them beside the mm: 180 us exposed
+    assert rows["exposed_comm"]["measured_ms"] == pytest.approx(0.180)
+    assert rows["exposed_comm"]["predicted_ms"] == pytest.approx(0.1)
+    assert rows["idle"]["measured_ms"] == pytest.approx(1.0 - 0.220) and rows["idle"]["predicted_ms"] == pytest.approx(0.3)

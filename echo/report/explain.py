@@ -20,6 +20,10 @@ collective), per rank and averaged over the profiled steps:
   (launches, data loading, synchronization). Echo's model of a GPU-bound step has none, so its
   predicted idle is 0 and the difference is the host's share.
 
+Given the simulation of the job's workload (``--workload``: Echo's trace of the same training
+step), the step-level rows get Echo's predictions too: ``step``, ``compute`` (GPU time with a
+compute kernel running), ``exposed_comm`` and ``idle`` against the simulated bubble.
+
 Rows are listed by the size of the difference, largest first: the place to look.
 """
 
@@ -54,8 +58,11 @@ class _Step:
     dur: float
 
 
-def explain(activity: pa.Table, summary: dict, hardware: Hardware, network: NetworkModel | None) -> pa.Table:
-    """The EXPLAIN rows of every rank of an import (``activity.parquet``, ``import.json``)."""
+def explain(activity: pa.Table, summary: dict, hardware: Hardware, network: NetworkModel | None,
+            simulated: dict | None = None) -> pa.Table:
+    """The EXPLAIN rows of every rank of an import (``activity.parquet``, ``import.json``);
+    ``simulated``, a simulate summary row of the job's workload, fills the step-level predictions
+    (step, compute, exposed communication, and the bubble as the predicted idle)."""
     rows = activity.to_pylist()
     by_rank: dict[int, list[dict]] = defaultdict(list)
     for a in rows:
@@ -66,11 +73,11 @@ def explain(activity: pa.Table, summary: dict, hardware: Hardware, network: Netw
         acts = [a for a in by_rank.get(r["rank"], []) if a["launched"] and a["step"] >= 0]
         if not steps or not acts:
             continue
-        out += _rank_rows(r["rank"], r.get("world_size") or 1, steps, acts, hardware, network)
+        out += _rank_rows(r["rank"], r.get("world_size") or 1, steps, acts, hardware, network, simulated)
     return pa.Table.from_pylist(out, schema=EXPLAIN)
 
 
-def _rank_rows(rank, world, steps, acts, hw, network) -> list[dict]:
+def _rank_rows(rank, world, steps, acts, hw, network, simulated=None) -> list[dict]:
     n_steps = len({a["step"] for a in acts})
     step_ms = statistics.fmean(s.dur for s in steps if s.number in {a["step"] for a in acts}) / 1e3
     per_step = 1.0 / n_steps / 1e3  # us summed over the steps -> ms per step
@@ -88,7 +95,7 @@ def _rank_rows(rank, world, steps, acts, hw, network) -> list[dict]:
             predicted[phase] += guess[0]
             if guess[1]:
                 notes[phase] = guess[1]
-    exposed, busy = _exposed_and_busy(acts)
+    exposed, busy, compute = _exposed_and_busy(acts)
     rows = []
     for phase, us in measured.items():
         p = predicted.get(phase)
@@ -100,14 +107,25 @@ def _rank_rows(rank, world, steps, acts, hw, network) -> list[dict]:
                                                     "counted as measured")
             p += unread[phase]
         rows.append(_row(rank, phase, us * per_step, None if p is None else p * per_step, step_ms, note))
-    rows.append(_row(rank, "exposed_comm", exposed * per_step, None, step_ms,
-                     "NCCL time with no compute kernel beside it; its prediction needs the job's schedule "
-                     "(simulate the workload)"))
     idle = max(0.0, step_ms - busy * per_step)
-    rows.append(_row(rank, "idle", idle, 0.0, step_ms, "the GPU ran nothing: it waited for the host "
-                     "(launches, data loading, synchronization); a GPU-bound step has none"))
+    sim = simulated or {}
+    if sim:
+        rows.append(_row(rank, "compute", compute * per_step, sim["compute_s"] * 1e3, step_ms,
+                         f"GPU time with a compute kernel running; predicted: {sim['workload']}'s simulated compute"))
+        rows.append(_row(rank, "exposed_comm", exposed * per_step, sim["exposed_comm_s"] * 1e3, step_ms,
+                         "NCCL time with no compute kernel beside it; predicted: the simulated step's"))
+        rows.append(_row(rank, "idle", idle, sim["bubble_s"] * 1e3, step_ms, "the GPU ran nothing; predicted: "
+                         "the simulated pipeline bubble (the measured idle adds the host's waits)"))
+    else:
+        rows.append(_row(rank, "exposed_comm", exposed * per_step, None, step_ms,
+                         "NCCL time with no compute kernel beside it; its prediction needs the job's schedule "
+                         "(simulate the workload)"))
+        rows.append(_row(rank, "idle", idle, 0.0, step_ms, "the GPU ran nothing: it waited for the host "
+                         "(launches, data loading, synchronization); a GPU-bound step has none"))
     rows.sort(key=lambda x: (x["difference_ms"] is None, -abs(x["difference_ms"] or 0.0)))
-    rows.insert(0, _row(rank, "step", step_ms, None, step_ms, f"ProfilerStep wall time, mean of {n_steps} steps"))
+    rows.insert(0, _row(rank, "step", step_ms, sim["step_time_s"] * 1e3 if sim else None, step_ms,
+                        f"ProfilerStep wall time, mean of {n_steps} steps"
+                        + (f"; predicted: {sim['workload']} on {sim['topology']}" if sim else "")))
     return rows
 
 
@@ -159,9 +177,10 @@ _NETWORK_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_
                 "all_to_all": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv"}
 
 
-def _exposed_and_busy(acts: list[dict]) -> tuple[float, float]:
-    """(NCCL time not overlapped by any compute kernel, union of all GPU activity), summed over steps."""
-    exposed = busy = 0.0
+def _exposed_and_busy(acts: list[dict]) -> tuple[float, float, float]:
+    """(NCCL time not overlapped by any compute kernel, union of all GPU activity, union of the
+    compute kernels), summed over steps."""
+    exposed = busy = compute_us = 0.0
     for step in {a["step"] for a in acts}:
         sa = [a for a in acts if a["step"] == step]
         compute = _merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa
@@ -169,7 +188,8 @@ def _exposed_and_busy(acts: list[dict]) -> tuple[float, float]:
         nccl = _merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa if a["collective"]])
         busy += _length(_merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa]))
         exposed += _length(nccl) - _overlap(nccl, compute)
-    return exposed, busy
+        compute_us += _length(compute)
+    return exposed, busy, compute_us
 
 
 def _merge(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
