@@ -316,10 +316,12 @@ def test_calibrate_gloo_fits_and_records_measurements(tmp_path, monkeypatch, glo
     model = NetworkModel.load(tmp_path / "network.json")
     assert model.source == "fitted" and model.params.op_links["all_reduce"]["bandwidth_GBps"] > 0
     # DTensor's functional all-reduce copies its input and runs Python on the calling thread: it
-    # costs tens of microseconds more than a plain one here (70-170 us on the development machine)
+    # costs tens of microseconds more than a plain one here (70-170 us on the development machine).
+    # The measured extra is the claim; how the fit splits it into latency and per-byte time moves
+    # with the machine's load (a busy neighbour once gave latency 0 and all of it per byte)
     extra = model.params.api_overheads["functional"]["all_reduce"]
-    assert extra["latency_us"] > 10.0, model.fit["api_overheads"]
-    assert model.params.api_overhead_us("functional", "all_reduce", 1 << 20) > extra["latency_us"]
+    assert model.fit["api_overheads"]["functional:all_reduce"]["median_extra_us"] > 10.0, model.fit["api_overheads"]
+    assert model.params.api_overhead_us("functional", "all_reduce", 1 << 20) > max(10.0, extra["latency_us"])
     assert model.params.api_overhead_us("c10d", "all_reduce", 1 << 20) == 0.0
     table = pq.read_table(tmp_path / "collectives.parquet").to_pylist()
     assert {r["source"] for r in table} == {"fitted"}
