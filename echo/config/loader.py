@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from echo.config.hardware import Hardware
 from echo.config.hf import expand_model_section
+from echo.config.limits import cost_problems
 from echo.config.site import Site
 from echo.config.topology import Topology
 from echo.config.workload import Workload
@@ -73,7 +74,8 @@ def parse_workload(data: dict, path: Path) -> Workload:
     if isinstance(data.get("model"), dict):
         data = {**data, "model": expand_model_section(data["model"], path)}
     workload = _validate(Workload, data, path)
-    problems = workload.contradictions()
+    # contradictions first (a config that cannot hold), then the cost guards (one that could not finish)
+    problems = workload.contradictions() or cost_problems(workload)
     if problems:
         key, reason = problems[0]
         raise ConfigError(path, key, reason)
