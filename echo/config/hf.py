@@ -47,6 +47,10 @@ def read_hf_config(path: str, overrides: dict, workload_path: Path) -> dict:
     if unknown:
         raise ConfigError(workload_path, f"model.hf_overrides.{unknown[0]}",
                           f"not a key of {file.name}; an override must change a key the config has")
+    for key, value in overrides.items():
+        if not _same_kind(data[key], value):
+            raise ConfigError(workload_path, f"model.hf_overrides.{key}",
+                              f"expected a {_kind(data[key])} like {file.name}'s {data[key]!r}, got {value!r}")
     data = {**data, **overrides}
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
@@ -54,12 +58,49 @@ def read_hf_config(path: str, overrides: dict, workload_path: Path) -> dict:
     return data
 
 
+def _kind(v) -> str:
+    if isinstance(v, bool):
+        return "true/false"
+    if isinstance(v, int):
+        return "whole number"
+    if isinstance(v, float):
+        return "number"
+    return type(v).__name__.replace("str", "string").replace("dict", "mapping")
+
+
+def _same_kind(old, new) -> bool:
+    """An override keeps the type of the key it changes (a whole number may be written 4.0; a
+    number may be whole; null stays free on either side)."""
+    if old is None or new is None:
+        return True
+    if isinstance(old, bool) or isinstance(new, bool):
+        return isinstance(old, bool) and isinstance(new, bool)
+    if isinstance(old, int):
+        return isinstance(new, int) or (isinstance(new, float) and new.is_integer())
+    if isinstance(old, float):
+        return isinstance(new, int | float)
+    return type(new) is type(old)
+
+
+class ShapeError(ValueError):
+    """A config.json shape key whose value is no whole number."""
+
+    def __init__(self, key: str, value):
+        self.key = key
+        super().__init__(f"expected a whole number, got {value!r}")
+
+
 def shape_fields(hf: dict) -> dict:
-    """ModelConfig fields derived from a resolved config.json (experts 0 for a dense model)."""
+    """ModelConfig fields derived from a resolved config.json (experts 0 for a dense model);
+    ShapeError naming the config.json key whose value is no whole number."""
     out = {}
     for field, keys in _SHAPE_KEYS.items():
-        value = next((hf[k] for k in keys if hf.get(k) is not None), None)
-        if value is not None:
+        key = next((k for k in keys if hf.get(k) is not None), None)
+        if key is not None:
+            value = hf[key]
+            whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            if isinstance(value, bool) or not whole:
+                raise ShapeError(key, value)
             out[field] = int(value)
     out.setdefault("experts", 0)
     out.setdefault("top_k", 0 if not out["experts"] else out.get("top_k", 0))
@@ -105,5 +146,10 @@ def expand_model_section(model: dict, workload_path: Path) -> dict:
     if not isinstance(overrides, dict):
         raise ConfigError(workload_path, "model.hf_overrides", "expected a mapping of config.json keys")
     hf = read_hf_config(model["hf_config"], overrides, workload_path)
+    try:
+        shape = shape_fields(hf)
+    except ShapeError as exc:
+        where = f"model.hf_overrides.{exc.key}" if exc.key in overrides else f"model.hf_config ({exc.key})"
+        raise ConfigError(workload_path, where, str(exc)) from None
     return {**model, "arch": "hf", "hf_source": model["hf_config"], "hf_config": hf,
-            "hf_overrides": overrides, **shape_fields(hf)}
+            "hf_overrides": overrides, **shape}

@@ -38,20 +38,21 @@ def limit(name: str) -> float:
 
 def estimated_parameters(model) -> float:
     """Parameters of a transformer of this shape (``echo.config.workload.ModelConfig``)."""
-    h, d = model.hidden, model.head_dim
+    h, d = float(model.hidden), float(model.head_dim)  # floats: an absurd size must not overflow
     attention = 2 * h * model.heads * d + 2 * h * model.kv * d  # q, o and k, v projections
     gated = model.arch in ("llama", "hf")  # SwiGLU: gate, up and down
     # an MoE's experts are narrower than a dense layer's MLP where the config says so (DeepSeek, Qwen3)
-    expert_ffn = (model.hf_config or {}).get("moe_intermediate_size") or model.ffn if model.experts else model.ffn
-    mlp = (3 if gated else 2) * h * expert_ffn * max(1, model.experts)
-    return float(model.layers * (attention + mlp) + 2 * model.vocab * h)
+    moe = (model.hf_config or {}).get("moe_intermediate_size")
+    expert_ffn = moe if model.experts and isinstance(moe, int | float) and moe > 0 else model.ffn
+    mlp = (3 if gated else 2) * h * float(expert_ffn) * max(1, model.experts)
+    return float(model.layers) * (attention + mlp) + 2.0 * model.vocab * h
 
 
 def cost_problems(workload) -> list[tuple[str, str]]:
     """(key, reason with the estimate) for each limit the workload exceeds."""
     m, p = workload.model, workload.parallel
     out = []
-    per_role = m.layers / p.pp
+    per_role = float(m.layers) / p.pp
     if per_role > limit("MAX_LAYERS_PER_ROLE"):
         out.append(("model.layers", f"{m.layers} layers put {per_role:,.0f} on each of {p.pp} pipeline roles; the "
                     f"tracer builds each (limit {limit('MAX_LAYERS_PER_ROLE'):,.0f} per role, "
