@@ -31,6 +31,7 @@ from echo.config import Hardware
 from echo.io import write_json, write_parquet
 from echo.profile import kineto_check
 from echo.profile.gpu_trace import RankTrace, read_rank, signature_id
+from echo.profile.intervals import length, merge
 from echo.profile.kernel import Kernel
 from echo.profile.kineto import KinetoError, kernel_signature
 
@@ -205,18 +206,8 @@ def _streams(rows: list[dict]) -> list[dict]:
         for a in acts:
             per_stream[a["stream"]].append(a)
         for stream, sa in sorted(per_stream.items()):
-            busy = _union([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa])
-            nccl = _union([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa if a["collective"]])
+            busy = length(merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa]))
+            nccl = length(merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa if a["collective"]]))
             out.append({"rank": rank, "step": step, "stream": stream, "step_us": span, "busy_us": busy,
                         "idle_us": max(0.0, span - busy), "activities": len(sa), "nccl_us": nccl})
     return out
-
-
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from echo.profile.intervals import merge, overlap
 from echo.profile.kineto import (
     GPU_CATEGORIES,
     KINETO_DTYPES,
@@ -57,7 +58,7 @@ _NCCL_KERNEL = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceSca
 # Kineto's record_param_comms dtype names -> torch's
 _COMMS_DTYPES = {"Float": "float32", "Half": "float16", "BFloat16": "bfloat16", "Double": "float64",
                  "Int": "int32", "Long": "int64", "Byte": "uint8", "Char": "int8", "Bool": "bool"}
-_DTYPE_BYTES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2,
+DTYPE_BYTES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2,
                 "int16": 2, "uint8": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
                 "complex64": 8, "complex128": 16}
 _KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -202,33 +203,16 @@ def _concurrency(rows: list[dict]) -> None:
     by_stream: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for a in rows:
         by_stream[a["stream"]].append((a["ts_us"], a["ts_us"] + a["dur_us"]))
-    others = {s: _merge([iv for t, ivs in by_stream.items() if t != s for iv in ivs]) for s in by_stream}
+    others = {s: merge([iv for t, ivs in by_stream.items() if t != s for iv in ivs]) for s in by_stream}
+    starts = {s: [lo for lo, _ in merged] for s, merged in others.items()}
     for a in rows:
         merged = others.get(a["stream"])
         if not merged or a["dur_us"] <= 0:
             a["concurrent_share"] = 0.0
             continue
-        starts, ends = merged
         lo, hi = a["ts_us"], a["ts_us"] + a["dur_us"]
-        i = max(0, bisect_right(starts, lo) - 1)
-        covered = 0.0
-        while i < len(starts) and starts[i] < hi:
-            covered += max(0.0, min(hi, ends[i]) - max(lo, starts[i]))
-            i += 1
-        a["concurrent_share"] = covered / a["dur_us"]
-
-
-def _merge(intervals: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
-    """Sorted disjoint (starts, ends) covering ``intervals``."""
-    starts: list[float] = []
-    ends: list[float] = []
-    for s, e in sorted(intervals):
-        if ends and s <= ends[-1]:
-            ends[-1] = max(ends[-1], e)
-        else:
-            starts.append(s)
-            ends.append(e)
-    return starts, ends
+        first = max(0, bisect_right(starts[a["stream"]], lo) - 1)  # the others' intervals that can reach it
+        a["concurrent_share"] = overlap([(lo, hi)], merged[first:]) / a["dur_us"]
 
 
 def _nccl_kernel(name: str) -> str | None:
@@ -253,8 +237,8 @@ def _collective(comm: list[OpEvent], groups: dict) -> dict:
             out["collective"] = _COLLECTIVE.get(str(a["Collective name"]).rstrip("_"), out["collective"])
         dtype = _COMMS_DTYPES.get(str(a.get("dtype")), KINETO_DTYPES.get(str(a.get("dtype"))))
         nelems = max(int(a.get("In msg nelems", 0) or 0), int(a.get("Out msg nelems", 0) or 0))
-        if nelems and dtype in _DTYPE_BYTES:
-            out["bytes"] = nelems * _DTYPE_BYTES[dtype]
+        if nelems and dtype in DTYPE_BYTES:
+            out["bytes"] = nelems * DTYPE_BYTES[dtype]
         if a.get("Group size"):
             out["group_size"] = int(a["Group size"])
         ranks = a.get("Process Group Ranks")
@@ -307,7 +291,7 @@ def _tensor_bytes(args: dict) -> list[int]:
     dims, types = args.get("Input Dims") or [], args.get("Input type") or []
     out = []
     for d, t in zip(dims, types, strict=False):
-        size = _DTYPE_BYTES.get(KINETO_DTYPES.get(t, ""), 0)
+        size = DTYPE_BYTES.get(KINETO_DTYPES.get(t, ""), 0)
         if size and isinstance(d, list) and d and all(isinstance(v, int) for v in d):
             out.append(math.prod(d) * size)
         elif size and isinstance(d, list) and d and all(isinstance(x, list) for x in d):

@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from echo.config import Hardware
 from echo.profile import roofline
 from echo.profile.gemm_model import GemmCall
+from echo.profile.gpu_trace import DTYPE_BYTES
 from echo.profile.kernel import Kernel
 
 CHECKED_CLASSES = ("gemm", "elementwise", "copy")
 # also streamed by the model (one output the size of the broadcast inputs), but not ground truth
 # for it: a norm's backward writes several outputs, a softmax's reads its input twice
 STREAMED_CLASSES = ("norm", "softmax")
-_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
-          "int8": 1, "uint8": 1, "bool": 1}
 # kernel-name marks of a tensor-core fp32 (TF32) GEMM; cuBLAS' split-K reduction carries none
 _TF32_MARKS = ("tensorop_s1688", "tensorop_s16816", "tf32", "xmma_gemm_f32f32_tf32")
 _SIMT_MARKS = ("sgemm", "simt_sgemm")
@@ -137,7 +136,7 @@ def event_estimate(hw: Hardware, op: str, cls: str, shapes: list, dtype: str, fm
         work = 2.0 * b * m * n * k
     else:
         work = float(input_bytes + (0 if base in _WRITE_ONLY_SELF else
-                                    math.prod(_broadcast(shapes)) * _BYTES.get(dtype, 4)))
+                                    math.prod(_broadcast(shapes)) * DTYPE_BYTES.get(dtype, 4)))
     return EventEstimate(est.duration_us, est.bound, work)
 
 
@@ -153,13 +152,13 @@ def estimate_event(hw: Hardware, op: str, cls: str, shapes: list, dtype: str, fm
         dims = roofline.gemm_dims(base, shapes)
         if dims is None:
             return None
-        size = _BYTES.get(dtype, 2)
+        size = DTYPE_BYTES.get(dtype, 2)
         return roofline.gemm_estimate(hw, GemmCall(*dims, fmt, size, size, size))
     out_shape = _broadcast(shapes)
     if out_shape is None:
         return None
     # ops that only write their first input (copy_ reads src and writes self; fill_ writes self)
-    written = 0 if base in _WRITE_ONLY_SELF else math.prod(out_shape) * _BYTES.get(dtype, 4)
+    written = 0 if base in _WRITE_ONLY_SELF else math.prod(out_shape) * DTYPE_BYTES.get(dtype, 4)
     nbytes = input_bytes + written
     k = Kernel(kernel_key="", name=f"aten.{base}.default", op_class=cls, kind="compute",
                shapes=json.dumps(shapes), dtype=dtype, flops=0.0, bytes=float(nbytes), args="")

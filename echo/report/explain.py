@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from echo.config import Hardware
 from echo.network.model import NetworkModel
+from echo.profile.intervals import length, merge, overlap
 from echo.profile.kineto_check import estimate_event, gemm_format
 
 EXPLAIN = pa.schema([
@@ -183,41 +184,13 @@ def _exposed_and_busy(acts: list[dict]) -> tuple[float, float, float]:
     exposed = busy = compute_us = 0.0
     for step in {a["step"] for a in acts}:
         sa = [a for a in acts if a["step"] == step]
-        compute = _merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa
+        compute = merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa
                           if a["kind"] == "kernel" and not a["collective"]])
-        nccl = _merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa if a["collective"]])
-        busy += _length(_merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa]))
-        exposed += _length(nccl) - _overlap(nccl, compute)
-        compute_us += _length(compute)
+        nccl = merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa if a["collective"]])
+        busy += length(merge([(a["ts_us"], a["ts_us"] + a["dur_us"]) for a in sa]))
+        exposed += length(nccl) - overlap(nccl, compute)
+        compute_us += length(compute)
     return exposed, busy, compute_us
-
-
-def _merge(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def _length(iv: list[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in iv)
-
-
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of the intersection of two merged interval lists."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def describe(table: pa.Table) -> str:
