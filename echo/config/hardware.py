@@ -41,6 +41,21 @@ class Variability(BaseModel):
                                 "kernel times across the GPUs of a cluster (0.013: 1.3%)")
 
 
+class Host(BaseModel):
+    """The CPU thread that launches a GPU's work (echo.simulate.program: the host clock).
+
+    A GPU runs kernels from a queue that the host fills ahead of it, op by op; the queue hides
+    the host's time until the host falls behind (a stretch of ops shorter than their launches)
+    or has to wait for the GPU (a device-to-host copy whose value the host needs: Megatron's
+    MoE dispatchers read the token counts per expert before each dispatch)."""
+
+    model_config = _STRICT
+    launch_us: Figure = Field(description="host time per op the training step puts on the GPU (the framework's "
+                              "Python, the dispatcher, the launch call), microseconds: the pace of a launching "
+                              "thread that does not wait for the GPU (echo.fit.host_launch derives it from "
+                              "Kineto traces)")
+
+
 class Provenance(BaseModel):
     """Where one compute-model parameter (or a group of them, named by its prefix) comes from."""
 
@@ -194,7 +209,7 @@ class Hardware(BaseModel):
     name: str
     kind: Literal["gpu", "cpu"] = Field(description="cpu means the local device: kernels are measured, not modelled")
     # A GPU runs kernels from a queue the host fills ahead of it, so host time (Python, dispatch)
-    # hides behind device time; and Megatron-LM, which the GPU targets stand for, runs tensor
+    # hides behind device time, except where the host falls behind or waits (``host``); and Megatron-LM, which the GPU targets stand for, runs tensor
     # parallelism without DTensor. On the local CPU the host thread is the device: the profile
     # stage adds measured host overheads (DTensor dispatch, echo.profile.host) to the kernels.
     host_synchronous: bool = Field(
@@ -208,5 +223,16 @@ class Hardware(BaseModel):
     compute_model: ComputeModel
     variability: Variability | None = Field(None, description="GPU-to-GPU speed spread for the step-time "
                                             "quantiles (summary step_p50_s ...); None: every GPU alike")
+    host: Host | None = Field(None, description="the launching host's pace (echo.simulate: GPU ops wait "
+                              "for their launch); None: the host is never behind (and the local CPU, whose "
+                              "host time is its kernels', host_synchronous)")
     power: GpuPower | None = Field(None, description="board power for energy figures (python -m echo plan); "
                                    "None: energy is not estimated")
+
+    @model_validator(mode="after")
+    def _one_host_model(self) -> Hardware:
+        # a synchronous host's time is already in its kernels (the profile stage): a launch pace would count it twice
+        if self.host is not None and self.host_synchronous:
+            raise ValueError("host (a launch pace) is for devices with a kernel queue; a host_synchronous device's "
+                             "host time is in its kernels")
+        return self
