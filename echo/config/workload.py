@@ -169,7 +169,7 @@ def virtual_stage(placement: str, pp: int, chunk: int, pp_rank: int) -> int:
 NOT_TRACED = {
     "parallel": ("schedule", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap",
                  "post_validation"),
-    "training": ("global_batch",),
+    "training": ("global_batch", "cuda_graph"),
 }
 
 
@@ -209,6 +209,12 @@ class TrainingConfig(BaseModel):
         "--accumulate-allreduce-grads-in-fp32, Megatron-Bridge's bf16_mixed default); False: in the compute "
         "dtype, half the buffer and half the reduce-scatter bytes, the optimizer casting its shard to fp32 "
         "(the Bridge performance presets' grad_reduce_in_fp32=False). ZeRO 0-2 (FSDP2 reduces in fp32)")
+    cuda_graph: Literal["none", "full_iteration"] = Field(
+        "none", description="CUDA graphs: none (eager: the host launches every op, echo.simulate's host clock, "
+        "Hardware.host); full_iteration (Megatron-Core's cuda_graph_scope full_iteration: the whole step is "
+        "captured and replayed as one launch, so no host time and no host sync; Megatron then runs its MoE "
+        "dispatch without reading token counts on the host). Graphs of single modules (attn, moe_router, ...) "
+        "are not expressed: their ops are launched one by one")
 
 
 class Workload(BaseModel):
@@ -243,7 +249,7 @@ class Workload(BaseModel):
                          "overlap_grad_reduce": False,
                          "overlap_param_gather": False, "tp_comm_overlap": False, "ep_comm_overlap": False,
                          "post_validation": False},
-            "training": {"global_batch": t.micro_batch * p.dp * p.pp},
+            "training": {"global_batch": t.micro_batch * p.dp * p.pp, "cuda_graph": "none"},
         }
         assert {k: tuple(v) for k, v in fixed.items()} == NOT_TRACED, "traced() must fix exactly NOT_TRACED"
         return self.model_copy(update={"parallel": p.model_copy(update=fixed["parallel"]),

@@ -69,6 +69,7 @@ class OpContext:
     timer: CommTimer
     slowdown: object = None      # echo.overlap.Slowdown (None: no overlap slowdown)
     gpus_per_node: int = 1 << 30  # for link classes; default: everything on one node
+    launch_us: float = 0.0       # host time per launched op (Hardware.host.launch_us; 0: no host model)
 
     def link(self, group: Sequence[int]) -> str:
         return "nic" if len({r // self.gpus_per_node for r in group}) > 1 else "nvlink"
@@ -86,7 +87,8 @@ def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
             raise MissingKernelError(key, f"rank {row['rank']} seq {row['seq']} {row['name']}")
         op_class = row.get("op_class") or "other"
         return Op(row["seq"], kind, "compute", float(ctx.kernels[key]), flops=float(row["flops"] or 0.0),
-                  recompute=row["phase"] == "recompute", slowdown=ctx.s(op_class), op_class=op_class)
+                  recompute=row["phase"] == "recompute", slowdown=ctx.s(op_class), op_class=op_class,
+                  host_us=ctx.launch_us)
     if comm is None:
         raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
                          f"(comm_id {row['comm_id']})")
@@ -98,7 +100,36 @@ def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
         stream = "p2p_bwd" if row["phase"] in ("backward", "recompute") else "p2p_fwd"
     return Op(row["seq"], kind, stream, us, blocking=bool(comm["blocking"]), comm_kind=comm["group_kind"],
               op=comm["op"], group=group, peer=int(comm.get("peer", -1) if comm.get("peer") is not None else -1),
-              link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads, api=api)
+              link=ctx.link(group), nbytes=int(comm["bytes"]), latency_us=latency, loads=loads, api=api,
+              host_us=ctx.launch_us)
+
+
+def mark_host_syncs(rows: Sequence[tuple[Mapping, Op]]) -> list[tuple[Mapping, Op]]:
+    """A forward pass's ops (a task's, in seq order) with the host syncs of its MoE layers marked.
+
+    Megatron-Core's token dispatchers (alltoall and flex: DeepEP, HybridEP) copy the number of
+    tokens each expert receives to the host before dispatching, and wait for it: the expert
+    GEMMs (Transformer Engine's GroupedLinear) take the split sizes as host integers. So the
+    host waits for the GPU once per MoE layer in the forward (and in its recomputation); the
+    backward's all-to-alls reuse the split sizes and do not wait. In the trace a dispatch is a
+    run of expert-parallel all-to-alls with no GEMM between them (the tokens, then their
+    routing weights), the combine the next run after the expert GEMMs; the first all-to-all of
+    each dispatch is marked (the host waits for everything before it, the routing included)."""
+    out, in_run, runs, last = [], False, {}, None
+    for row, op in rows:
+        phase = row["phase"]
+        if phase != last:  # a recomputed layer inside a backward starts its own runs
+            in_run, last = False, phase
+        if op.op == "all_to_all" and op.comm_kind == "ep" and phase in ("forward", "recompute"):
+            if not in_run:
+                runs[phase] = runs.get(phase, 0) + 1
+                if runs[phase] % 2 == 1:  # dispatch, combine, dispatch, ... in each phase
+                    op = dataclasses.replace(op, host_sync=True)
+            in_run = True
+        elif op.op_class == "gemm":
+            in_run = False
+        out.append((row, op))
+    return out
 
 
 # Ops that may carry a weight-gradient GEMM's result into its gradient buffer (a cast, an
@@ -167,6 +198,8 @@ def reduce_rank(ops: Sequence[Mapping], comms: Mapping[int, Mapping], ctx: OpCon
         chunk = row["chunk"] if task in ("F", "B") else 0
         tasks.setdefault((task, chunk), []).append((row, to_op(row, comms.get(row["comm_id"]), ctx)))
     chunks = 1 + max((c for (t, c) in tasks if t in ("F", "B")), default=0)
+    if ctx.launch_us > 0:  # the host waits only where it launches: without a host model, no sync either
+        tasks = {k: mark_host_syncs(v) if k[0] in ("F", "B") else v for k, v in tasks.items()}
 
     def prog(task: str, chunk: int = 0, keep=None) -> Program:
         return Program((op for row, op in tasks.get((task, chunk), ()) if keep is None or keep(row["seq"])), waits)

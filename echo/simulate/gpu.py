@@ -93,7 +93,7 @@ def fair_share(flows: Sequence[tuple[float, float]], start: float, solo_us: floa
 class Gpu:
     """State of one device (symmetric mode: one pipeline stage, shared by its ranks)."""
 
-    __slots__ = ("stream_free", "flows", "busy", "busy_until", "sharing")
+    __slots__ = ("stream_free", "flows", "busy", "busy_until", "sharing", "host")
 
     def __init__(self, sharing: LinkSharing = max_min_share):
         self.stream_free: dict[str, float] = {}
@@ -101,6 +101,7 @@ class Gpu:
         self.busy: list[tuple[float, float]] = []  # the same, for the overlap slowdown
         self.busy_until = 0.0            # max end over busy
         self.sharing = sharing
+        self.host = 0.0                  # the launching host's clock (program.py): synced at the step's start
 
     def idle_after(self, t: float) -> bool:
         """No transfer of this device is in flight at or after ``t``, and no stream is behind it."""

@@ -15,13 +15,19 @@ device (``gpu.Gpu``):
 - a p2p recv holds the compute stream until its data has arrived; a p2p send is queued on the
   device's p2p stream of its direction and overlaps what follows.
 
-Every microsecond the compute stream is not computing is attributed to what it waited for
-(a collective kind, or the pipeline: pp if a transfer was in flight, else bubble), so a task's
-end - start = compute + exposed + bubble holds exactly.
+- every op is first launched by the device's host thread (``Gpu.host``, its clock): the host
+  spends ``host_us`` per op and runs ahead of the GPU, so an op cannot start before its launch;
+  at a ``host_sync`` op the host first waits for the GPU to reach it (a device-to-host copy
+  the host reads, such as an MoE dispatcher's token counts), which empties the queue.
 
-A program's replay on an idle device from time 0 (``Program.cost``) is computed once; the
-symmetric engine shifts it whenever nothing of the device overlaps the task, and jumps over the
-rest of a task once the overlap is over.
+Every microsecond the compute stream is not computing is attributed to what it waited for
+(a collective kind, the host's launches: host, or the pipeline: pp if a transfer was in flight,
+else bubble), so a task's end - start = compute + exposed + bubble holds exactly.
+
+A program's replay on an idle device from time 0 with a host far ahead (``Program.cost``) is
+computed once; the symmetric engine shifts it whenever nothing of the device overlaps the task
+and the host keeps ahead of it up to the task's first host sync, and jumps over the rest of a
+task once the overlap is over (on the same condition from there).
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ class Op:
     op_class: str = ""     # a compute op's class (gemm, attention, ...: ops.op_class)
     slowed_us: float = 0.0  # of a compute op's duration_us, overlap slowdown already included (TP overlap)
     api: str = "c10d"      # a collective's calling API: c10d | functional (DTensor's; network model api_overheads)
+    host_us: float = 0.0   # host time to launch it (Hardware.host.launch_us; 0: no launch model)
+    host_sync: bool = False  # the host waits for the GPU to reach it before launching it
 
     @cached_property
     def flow(self) -> Flow:
@@ -119,7 +127,8 @@ class Program:
     """One task's ops, compiled for replay, with its clean replay (idle device, time 0)."""
 
     __slots__ = ("ops", "waits", "steps", "recvs", "recv_first", "cost", "_at", "_jump", "_cum", "_kinds",
-                 "flops", "recompute_flops", "has_async", "send_ops", "_send_at")
+                 "flops", "recompute_flops", "has_async", "send_ops", "_send_at", "hosted", "_ch", "_host_ok",
+                 "_host_room", "_synced", "_host_end")
 
     def __init__(self, ops: Iterable[Op] = (), waits: Mapping[int, Sequence[int]] | None = None):
         self.ops = tuple(ops)
@@ -135,6 +144,11 @@ class Program:
         self.has_async = ASYNC in codes
         self.send_ops = tuple(op for op in self.ops if op.code == SEND)
         self._send_at = tuple(i for i, c in enumerate(codes) if c == SEND)
+        self.hosted = any(op.host_us > 0 or op.host_sync for op in self.ops)
+        ch = [0.0]
+        for op in self.ops:
+            ch.append(ch[-1] + op.host_us)
+        self._ch = ch  # host time of the ops before each index
         self.flops = sum(op.flops for op in self.ops)
         self.recompute_flops = sum(op.flops for op in self.ops if op.recompute)
         self._clean()
@@ -144,12 +158,15 @@ class Program:
         jumped over (device idle there, no recv or non-blocking collective from there on)."""
         n = len(self.steps)
         gpu = Gpu()
+        gpu.host = float("-inf")  # the host far ahead: it waits for nothing until a sync
         at, idle = [0.0] * (n + 1), [False] * (n + 1)
-        kinds = sorted({op.comm_kind for op in self.ops if op.code in (BLOCKING, ASYNC)})
+        kinds = sorted({op.comm_kind for op in self.ops if op.code in (BLOCKING, ASYNC)} |
+                       ({"host"} if self.hosted else set()))
         cum = {k: [0.0] * (n + 1) for k in ("compute", "slowdown", *kinds)}
         probe: list = []
         run = _replay(self, gpu, 0.0, [(0.0, 0.0)] * self.recvs, probe=probe)
-        for i, (t, was_idle, compute, slow, exposed) in enumerate(probe):
+        hosts = [p[5] for p in probe] + [gpu.host]
+        for i, (t, was_idle, compute, slow, exposed, _) in enumerate(probe):
             at[i], idle[i] = t, was_idle
             cum["compute"][i], cum["slowdown"][i] = compute, slow
             for k in kinds:
@@ -163,11 +180,41 @@ class Program:
             tail_ok[i] = tail_ok[i + 1] and self.steps[i][0] not in (RECV, ASYNC)
         self._at, self._cum, self._kinds = at, cum, kinds
         self._jump = [idle[i] and tail_ok[i] for i in range(n + 1)]
+        self._host_end = gpu.host
+        self._host_clean(at, hosts, cum.get("host"))
         self.cost = TaskCost(duration_us=run.end, compute_us=run.compute_us,
                              exposed_us=tuple(sorted(run.exposed.items())), flops=self.flops,
                              recompute_flops=self.recompute_flops,
                              comm_us=tuple(op.duration_us for op in self.ops if op.code == ASYNC),
                              slowdown_us=run.slowdown_us, sends=tuple((a, b) for a, b, _ in run.sends))
+
+    def _host_clean(self, at: list[float], hosts: list[float], waited: list[float] | None) -> None:
+        """When the clean replay from op i holds for a host at a given clock (``host_fits``): the
+        host launches every op from i up to the next sync no later than the shifted clean replay
+        starts it, and the clean replay itself waited for no launch there (so both run alike up to
+        the sync, where the host catches up with the GPU in both)."""
+        n, ch = len(self.steps), self._ch
+        room, ok, synced = [float("inf")] * (n + 1), [True] * (n + 1), [False] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            op = self.steps[i][3]
+            if op.host_sync:
+                room[i], ok[i], synced[i] = at[i] - ch[i], hosts[i] <= at[i], True
+            else:
+                room[i] = min(at[i] - ch[i + 1], room[i + 1])
+                ok[i] = ok[i + 1] and (waited is None or waited[i + 1] <= waited[i])
+                synced[i] = synced[i + 1]
+        self._host_room, self._host_ok, self._synced = room, ok, synced
+
+    def host_fits(self, i: int, host: float, shift: float) -> bool:
+        """Whether the clean replay from op i, shifted by ``shift``, is the replay with the host's
+        clock at ``host`` there (see ``_host_clean``)."""
+        return not self.hosted or (self._host_ok[i] and host - shift - self._ch[i] <= self._host_room[i])
+
+    def host_after(self, i: int, host: float, shift: float) -> float:
+        """The host's clock at the end of the shifted clean replay from op i (``host_fits``)."""
+        if not self.hosted:
+            return host
+        return self._host_end + shift if self._synced[i] else host + self._ch[-1] - self._ch[i]
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -208,16 +255,24 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
     jump = prog._jump if probe is None and not full else None
     n = len(steps)
     i = 0
+    hosted = prog.hosted
     while i < n:
-        if jump is not None and jump[i] and t >= drain_end and gpu.idle_after(t):
+        if jump is not None and jump[i] and t >= drain_end and gpu.idle_after(t) and \
+                prog.host_fits(i, gpu.host, t - prog._at[i]):
             _jump(prog, run, gpu, i, t)
             return _finish(run, gpu, drain)
         code, dur, s, op, flow = steps[i]
         if run.begin < 0 and code != RECV:
             run.begin = t
         if probe is not None:
-            probe.append((t, gpu.idle_after(t), run.compute_us, run.slowdown_us, dict(run.exposed)))
+            probe.append((t, gpu.idle_after(t), run.compute_us, run.slowdown_us, dict(run.exposed), gpu.host))
         i += 1
+        if hosted:
+            # the host launches the op (after waiting for the GPU to get here, at a sync)
+            gpu.host = (max(gpu.host, t) if op.host_sync else gpu.host) + op.host_us
+            if gpu.host > t:
+                run.expose("host", gpu.host - t)
+                t = gpu.host
         if op.seq in waits:
             ready, why = max((ends.get(src, (0.0, "")) for src in waits[op.seq]), key=lambda e: e[0])
             if ready > t:
@@ -282,6 +337,7 @@ def _jump(prog: Program, run: Run, gpu: Gpu, i: int, t: float) -> None:
     was idle there in the clean replay; no recv or non-blocking collective follows)."""
     at, cum = prog._at, prog._cum
     shift = t - at[i]
+    gpu.host = prog.host_after(i, gpu.host, shift)
     if run.begin < 0:
         run.begin = t
     run.compute_us += cum["compute"][-1] - cum["compute"][i]
@@ -315,15 +371,23 @@ def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, f
     recvs in order. Shifts the clean replay when nothing of the device overlaps the task."""
     if drain is None and prog.recv_first and not prog.has_async:
         run = Run(start)
-        t = start
-        for sent, arrive in recvs[:prog.recvs]:
+        t, host = start, gpu.host
+        for j, (sent, arrive) in enumerate(recvs[:prog.recvs]):
+            if prog.hosted:  # as replay_steps: the recv is launched, then its data awaited
+                op = prog.steps[j][3]
+                gpu.host = (max(gpu.host, t) if op.host_sync else gpu.host) + op.host_us
+                if gpu.host > t:
+                    run.expose("host", gpu.host - t)
+                    t = gpu.host
             if arrive > t:
                 pp = arrive - max(t, sent)
                 run.expose("pp", pp)
                 run.bubble_us += arrive - t - pp
                 t = arrive
-        if gpu.idle_after(t):
+        first = prog.recvs  # the clean replay got past its recvs at 0
+        if gpu.idle_after(t) and prog.host_fits(first, gpu.host, t - prog._at[first]):
             c = prog.cost
+            gpu.host = prog.host_after(first, gpu.host, t - prog._at[first])
             run.begin = t
             run.compute_us, run.slowdown_us = c.compute_us, c.slowdown_us
             for k, us in c.exposed_us:
@@ -331,9 +395,10 @@ def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, f
             for (a, b), op in zip(c.sends, prog.send_ops, strict=True):
                 gpu.occupy(op.stream, op.flow, t + a, t + b)
                 run.sends.append((t + a, t + b, op))
-            run.end = t + c.duration_us
+            run.end = t + c.duration_us - prog._at[first]
             gpu.prune(run.end)
             return run
+        gpu.host = host
     return _replay(prog, gpu, start, recvs, drain=drain)
 
 

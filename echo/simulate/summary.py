@@ -7,8 +7,10 @@ once-per-step tasks, times the ranks in the class. tflops_per_gpu divides the ex
 FLOPs (recompute excluded) against the dtype's peak.
 
 compute_s includes what the overlap slowdown added (slowdown_s, the part of compute_s spent
-slowed beside communication); compute_s + exposed_comm_s + bubble_s = step_time_s on the
-critical stage (full mode: the critical stage's slowest rank).
+slowed beside communication); host_wait_s is the time the GPU waited for the host to launch its
+next op (echo.simulate.program's host clock, ``Hardware.host``); compute_s + exposed_comm_s +
+host_wait_s + bubble_s = step_time_s on the critical stage (full mode: the critical stage's
+slowest rank).
 
 Memory is per rank (``memory_breakdown``), in named terms:
 
@@ -45,6 +47,7 @@ from echo.training.schedule import Task, memory_order, splits_backward
 
 GIB = 1 << 30
 EXPOSED_KINDS = ("tp", "cp", "ep", "dp", "edp", "dpcp", "pp")  # columns exposed_{kind}_s; others -> other
+HOST = "host"  # the waits for the host's launches (program.py): host_wait_s, not communication
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,14 @@ def exposed_by_kind(result: EngineResult, stage: int) -> dict[str, float]:
     """Exposed communication of ``stage`` in seconds, one entry per summary column kind."""
     out = dict.fromkeys((*EXPOSED_KINDS, "other"), 0.0)
     for kind, us in result.stages[stage].exposed_us:
-        out[kind if kind in EXPOSED_KINDS else "other"] += us / 1e6
+        if kind != HOST:
+            out[kind if kind in EXPOSED_KINDS else "other"] += us / 1e6
     return out
+
+
+def host_wait_s(result: EngineResult, stage: int) -> float:
+    """Seconds ``stage``'s compute stream waited for the host to launch its ops."""
+    return sum(us for kind, us in result.stages[stage].exposed_us if kind == HOST) / 1e6
 
 
 def variability_columns(workload, hardware, step_s: float, compute_s: float) -> dict[str, float]:
@@ -221,6 +230,7 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
         "workload": workload.name, "hardware": hardware.name, "topology": topology.name,
         "world_size": world, "step_time_s": step_s, "compute_s": crit.compute_us / 1e6,
         "exposed_comm_s": sum(exposed.values()), "bubble_s": crit.bubble_us / 1e6,
+        "host_wait_s": host_wait_s(result, result.critical_stage),
         "tokens_per_s": tokens / step_s, "tflops_per_gpu": flops.executed / (world * step_s) / 1e12,
         "mfu": flops.model / (world * step_s * peak_tflops * 1e12), "peak_mem_gib": max(mem),
         "sim_wall_s": sim_wall_s,

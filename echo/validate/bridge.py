@@ -193,8 +193,9 @@ def _notes(r: dict, settings: dict | None) -> list[str]:
         out.append("expert-parallel all-to-all overlap without virtual stages (not modelled)")
     if s.get("mtp_num_layers", "").startswith("1"):
         out.append("one multi-token-prediction layer (not modelled)")
-    if "full_iteration" in s.get("cuda_graph", ""):
-        out.append("full-iteration CUDA graphs")
+    graph = s.get("cuda_graph", "")
+    if graph.startswith("transformer_engine") or graph.startswith("local"):
+        out.append(f"CUDA graphs of single modules ({graph}; not modelled: their ops are launched one by one)")
     return out
 
 
@@ -231,15 +232,18 @@ def _workload(r: dict, settings: dict | None) -> tuple[str, dict]:
     grad32 = "grad_reduce_in_fp32=false" not in other
     # cross_entropy_fusion_impl=te: the fused loss (the rows whose presets say nothing: Megatron's default, off)
     ce_fused = "cross_entropy_fusion_impl=te" in other
+    # the presets' full-iteration CUDA graphs: the step launched as one graph (no host launches)
+    graphed = s.get("cuda_graph", "").startswith("full_iteration")
     training = {"global_batch": gbs, "micro_batch": mbs, "dtype": dtype, "recompute": recompute,
                 **({"recompute_modules": modules} if modules else {}),
                 **({"fp8_recipe": recipe} if recipe else {}), **({"fp8_param_gather": True} if fp8_gather else {}),
                 **({} if grad32 else {"grad_reduce_in_fp32": False}),
-                **({"cross_entropy_fusion": True} if ce_fused else {})}
+                **({"cross_entropy_fusion": True} if ce_fused else {}),
+                **({"cuda_graph": "full_iteration"} if graphed else {})}
     prec = (recipe or dtype).replace("current", "fp8cs")
     suffix = ("" if tp_overlap == (tp > 1) else "-notpov") + ("" if recompute == "none" else f"-{recompute}" if not modules else "-rc" + "".join(_SHORT[m] for m in modules)) \
         + ("-fp8ag" if fp8_gather else "") + ("-flex" if flex else "") + ("-epov" if par.get("ep_comm_overlap") else "") + ("-g32" if grad32 else "") \
-        + ("" if ce_fused else "-ceu")
+        + ("" if ce_fused else "-ceu") + ("-cg" if graphed else "")
     name = f"mbridge-{short}-{tag}-{prec}-{gpus}g-tp{tp}pp{pp}cp{cp}vp{vp}ep{ep}-gbs{gbs}mbs{mbs}{suffix}"
     w = {"description": "", "model": {"hf_config": f"config/models/{tag}.json", "seq_len": seq},
          "parallel": par, "training": training}

@@ -241,6 +241,7 @@ PUBLISHED = pa.schema([
     ("exposed_dp_s", pa.float64()),
     ("exposed_pp_s", pa.float64()),
     ("exposed_ep_s", pa.float64()),            # expert-parallel all-to-alls (MoE)
+    ("host_wait_s", pa.float64()),             # the GPU waiting for the host's launches
     ("bubble_s", pa.float64()),
     ("fits", pa.bool_()),
     ("peak_mem_gib", pa.float64()),
@@ -265,7 +266,7 @@ def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
             "predicted_tflops_per_gpu": row.tflops_per_gpu * row.measured_step_s / pred,
             "measured_tflops_per_gpu": row.tflops_per_gpu,
             **{k: s.get(k) for k in ("compute_s", "exposed_comm_s", "exposed_tp_s", "exposed_dp_s", "exposed_pp_s",
-                                     "exposed_ep_s", "bubble_s", "fits", "peak_mem_gib")},
+                                     "exposed_ep_s", "host_wait_s", "bubble_s", "fits", "peak_mem_gib")},
         })
     return pa.Table.from_pylist(out, schema=PUBLISHED)
 
