@@ -87,20 +87,24 @@ def simulate_one(args: dict) -> dict:
 
     root = Path(args["root"])
     w = parse(args["workload"], args["name"])
-    s = run_simulate(w, load_hardware(HARDWARE), load_topology(TOPOLOGY), root / "trace", root / "rank_classes.parquet",
+    hardware = load_hardware(HARDWARE)
+    if not args.get("host", True):  # the peer without the launching host's clock
+        hardware = hardware.model_copy(update={"host": None})
+    s = run_simulate(w, hardware, load_topology(TOPOLOGY), root / "trace", root / "rank_classes.parquet",
                      root / "kernels.parquet", root / "calib", root / "sim" / args["name"],
                      mode=args.get("mode", "symmetric")).to_pylist()[0]
     keep = ("world_size", "micro_batches", "events", "step_time_s", "mfu", "tflops_per_gpu", "executed_flops",
-            "model_flops", "sim_wall_s", "bubble_fraction", "slowdown_s", "fits", "peak_mem_gib", "exposed_comm_s")
+            "model_flops", "sim_wall_s", "bubble_fraction", "slowdown_s", "fits", "peak_mem_gib", "exposed_comm_s",
+            "host_wait_s")
     out = {k: s[k] for k in keep}
     out["rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     return out
 
 
-def case(pp: int, dp: int, micro_batches: int, schedule: str = "1f1b") -> dict:
+def case(pp: int, dp: int, micro_batches: int, schedule: str = "1f1b", host: bool = True) -> dict:
     root = prepare(pp, dp, v=schedule == "zb-v")
-    name = f"gpt3-175b-pp{pp}-dp{dp}-m{micro_batches}-{schedule}"
-    args = {"root": str(root), "name": name,
+    name = f"gpt3-175b-pp{pp}-dp{dp}-m{micro_batches}-{schedule}" + ("" if host else "-nohost")
+    args = {"root": str(root), "name": name, "host": host,
             "workload": workload_dict(pp, dp, micro_batches * dp, schedule=schedule)}
     proc = subprocess.run([sys.executable, __file__, "--one", json.dumps(args)], capture_output=True, text=True)
     if proc.returncode:
@@ -135,6 +139,11 @@ def main() -> None:
     for r, ok in ((small, small["sim_wall_s"] <= 10), (large, large["sim_wall_s"] <= 60)):
         print(f"  {r['world_size']:>6} GPUs: sim_wall_s {r['sim_wall_s']:.2f} s, peak RSS {r['rss_gib']:.2f} GiB: "
               f"{'ok' if ok and r['rss_gib'] < 4 else 'OVER BUDGET'}")
+    # the host clock's cost: the same 16K-GPU case without Hardware.host, side by side
+    bare = case(16, 128, 64, host=False)
+    print(f"  host launches: sim_wall_s {large['sim_wall_s']:.2f} s with, {bare['sim_wall_s']:.2f} s without "
+          f"(ratio {large['sim_wall_s'] / bare['sim_wall_s']:.2f}); host wait {large['host_wait_s']:.3f} s of a "
+          f"{large['step_time_s']:.2f} s step")
     want = analytic_flops(1536)
     print(f"\nexecuted FLOPs, 1,024 GPUs, batch 1536, no recompute: {small['executed_flops']:.4e} from the trace, "
           f"{want:.4e} analytic (72 B s l h^2 (1 + s/6h + V/12lh)): ratio {small['executed_flops'] / want:.4f}")
