@@ -80,7 +80,7 @@ def test_orders_warm_up_one_more_and_pair_independent_passes(schedule, p, m, v):
         lead = lambda order: next(i for i, t in enumerate(order) if t.kind == "B")  # noqa: E731
         assert lead(o) == min(lead(b) + 1, len([t for t in b if t.kind == "F"]))
     last = combine_steady_state(more[-1])  # the last stage: no pair holds a forward and its own backward
-    pairs = ep_pairs(last, lambda kind, c: moe_pass(1, 1, 1, 1, kind == "B"), {})
+    pairs = ep_pairs(last, lambda t: moe_pass(1, 1, 1, 1, t.kind == "B"), {})
     assert pairs and all((last[i].microbatch, last[i].chunk) != (last[i + 1].microbatch, last[i + 1].chunk)
                          for i in pairs)
     # a combined pair's backward frees its layers while its forward fills its own: the extra

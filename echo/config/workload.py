@@ -85,11 +85,13 @@ class ParallelConfig(BaseModel):
     ep: PositiveInt = Field(1, description="expert-parallel degree, folded over the tp x cp x dp ranks of a stage (Megatron-Core)")
     sequence_parallel: bool = Field(False, description="shard norms/dropout over tp (all-gather/reduce-scatter instead of all-reduce)")
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v"] = Field(
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev"] = Field(
         "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1, zb-h2, zb-2p and zb-v: the "
         "zero-bubble schedules of Qi et al., each backward split into its input- and weight-gradient parts; zb-2p "
         "and zb-v are built for the stages' own pass times, echo.training.zb_auto; zb-v places two chunks per "
-        "pipeline rank in a V: rank s holds virtual stages s and 2 pp - 1 - s)")
+        "pipeline rank in a V: rank s holds virtual stages s and 2 pp - 1 - s; dualpipev: DeepSeek's DualPipe cut "
+        "in half (deepseek-ai/DualPipe's DualPipeV), the same V, its steady state pairing one micro-batch's "
+        "forward with another's backward, overlapped at their expert-parallel all-to-alls)")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
     overlap_grad_reduce: bool = Field(
         False, description="Megatron-LM's --overlap-grad-reduce: gradient buckets are reduced during the last "
@@ -156,7 +158,7 @@ class ParallelConfig(BaseModel):
 # trace, dedup and profile stages see the workload without these keys (trace_dump), so changing
 # one re-runs the simulation only, and sweep layouts that differ only in them share one trace.
 # schedules whose chunks sit in a V on the pipeline ranks (ParallelConfig.placement)
-V_SCHEDULES = ("zb-v",)
+V_SCHEDULES = ("zb-v", "dualpipev")
 
 
 def virtual_stage(placement: str, pp: int, chunk: int, pp_rank: int) -> int:
@@ -300,11 +302,13 @@ class Workload(BaseModel):
         need(p.ep == 1 or (m.experts > 0 and m.experts % p.ep == 0), "parallel.ep", f"ep {p.ep} needs experts divisible by it (experts = {m.experts})")
         need(p.ep == 1 or (p.tp * p.cp * p.dp) % p.ep == 0, "parallel.ep",
              f"ep {p.ep} must divide tp x cp x dp = {p.tp * p.cp * p.dp} (the ranks of a stage it folds over)")
-        need(p.schedule in ("interleaved", "zb-v") or p.virtual_stages == 1, "parallel.virtual_stages",
-             f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved (or zb-v)")
-        need(p.schedule != "zb-v" or (p.virtual_stages == 2 and p.pp > 1), "parallel.schedule",
-             f"zb-v holds two chunks per pipeline rank in a V: virtual_stages 2 and pp > 1 (got "
+        need(p.schedule in ("interleaved", *V_SCHEDULES) or p.virtual_stages == 1, "parallel.virtual_stages",
+             f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved (or zb-v, dualpipev)")
+        need(p.schedule not in V_SCHEDULES or (p.virtual_stages == 2 and p.pp > 1), "parallel.schedule",
+             f"{p.schedule} holds two chunks per pipeline rank in a V: virtual_stages 2 and pp > 1 (got "
              f"{p.virtual_stages} and {p.pp})")
+        need(p.schedule != "dualpipev" or self.micro_batches >= 2 * p.pp, "training.global_batch",
+             f"dualpipev needs at least 2 x pp = {2 * p.pp} micro-batches (got {self.micro_batches})")
         need(p.schedule != "interleaved" or p.pp > 1, "parallel.schedule", "interleaved needs pp > 1")
         need(p.schedule != "interleaved" or self.micro_batches % p.pp == 0, "training.global_batch",
              f"interleaved needs micro-batches ({self.micro_batches}) divisible by pp {p.pp}")
@@ -333,6 +337,8 @@ class Workload(BaseModel):
              "FSDP2 (zero 3) reduces gradients in fp32 as torchtitan runs it; a compute-dtype reduction is not modelled")
         need(not p.ep_comm_overlap or p.ep > 1, "parallel.ep_comm_overlap",
              f"overlaps expert-parallel all-to-alls, which needs ep > 1 (ep is {p.ep})")
+        need(p.schedule != "dualpipev" or not p.ep_comm_overlap, "parallel.ep_comm_overlap",
+             "dualpipev pairs its steady-state forwards and backwards itself (leave ep_comm_overlap off)")
         need(not p.ep_comm_overlap or p.pp == 1 or p.schedule == "interleaved", "parallel.ep_comm_overlap",
              "with pp > 1 the combined 1F1B needs schedule: interleaved (Megatron-Core): in plain 1F1B a pair's "
              "backward waits for the next stage's whole pair")

@@ -184,7 +184,7 @@ class StagePrograms:
 
     def program(self, task: Task) -> Program:
         """The program a task of the order runs (before the per-position specials)."""
-        return self.costs.program(task.kind, task.chunk, self.split)
+        return self.costs.program(task.kind, task.chunk, self.split and not task.whole)
 
 
 def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptions) -> StagePrograms:
@@ -194,9 +194,13 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
     costs = with_overlaps(costs, options.tp_comm_overlap)
     split = splits_backward(list(order))
     if split and options.ep_comm_overlap:
-        raise ValueError("ep_comm_overlap pairs a forward with a whole backward; it does not run with W tasks")
-    last = max((i for i, t in enumerate(order) if t.kind == ("W" if split else "B")), default=-1)
-    last_b, grad_sync = bucket_programs(costs.program(order[last].kind, order[last].chunk, split) if last >= 0
+        raise ValueError("ep_comm_overlap pairs a forward with a whole backward; it does not run with W tasks "
+                         "(dualpipev pairs its own)")
+    # the task that computes the step's last weight gradients: the last W (or whole backward), else backward
+    ends = [i for i, t in enumerate(order) if (t.kind == "W" or t.whole if split else t.kind == "B")]
+    last = max(ends, default=-1)
+    last_b, grad_sync = bucket_programs(costs.program(order[last].kind, order[last].chunk, split and not order[last].whole)
+                                        if last >= 0
                                         else Program(), costs.grad_sync, options.overlap_grad_reduce)
     special: dict[int, Program] = {}
     optimizer = costs.optimizer
@@ -209,8 +213,11 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
     if last >= 0:
         special[last] = last_b
     pairs = {}
-    if options.ep_comm_overlap:
-        pairs = ep_pairs(order, lambda kind, c: (costs.forward if kind == "F" else costs.backward)[c], special)
+    # combined 1F1B's pairs, or a schedule's own: dualpipev's, the only pairs in an order with W
+    # tasks (a pair's backward is then its B), which receive and send their two passes' p2p together
+    if options.ep_comm_overlap or split:
+        pairs = ep_pairs(order, lambda t: costs.program(t.kind, t.chunk, split and not t.whole), special,
+                         batched_p2p=split)
     return StagePrograms(costs, special, last, last_b, grad_sync, optimizer, pairs, split)
 
 
@@ -310,6 +317,11 @@ class _Pipeline:
                                              task.microbatch, task.chunk, a, b))
             sends = [f for f in run.sends if is_second(f[2]) == (x == 1)] if pair is not None else run.sends
             self._deliver(s, task, k, sends, run.end, label)
+        if pair is not None:  # the pair's all-to-alls, on the ep stream beside the other pass' compute
+            for a, b, op in run.flows:
+                task = tasks[1] if is_second(op) else tasks[0]
+                self.events.append(Event(s, op.stream, f"{op.op} {op.comm_kind}", "collective", task.microbatch,
+                                         task.chunk, a, b))
         return len(tasks)
 
     def _deliver(self, s: int, task: Task, k: int, sends: list, end: float, label: str) -> None:

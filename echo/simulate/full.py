@@ -178,7 +178,7 @@ class _Full:
         flows = run.flows if prefix else [f for f in run.flows if not f[2].carry]
         for a, b, op in run.colls + flows:
             name = f"{prefix or (flow_prefix if op.code == ASYNC else '')}{op.op} {op.comm_kind}"
-            self.events.append(Event(stage, "comm" if op.code == ASYNC else "collective",
+            self.events.append(Event(stage, op.stream if op.code == ASYNC else "collective",
                                      name, "collective", mb, chunk, a, b, rank=r,
                                      flow=self.flow_of.get((r, id(op), a), -1)))
 

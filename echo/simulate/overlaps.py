@@ -195,15 +195,21 @@ def _steps(prog: Program, offset: int) -> list[tuple[list[Op], Op | None]]:
     return out + [(seg, None)]
 
 
-def combined(forward: Program, backward: Program) -> Program:
+def combined(forward: Program, backward: Program, batched_p2p: bool = False) -> Program:
     """Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe
     overlap): the forward of one micro-batch and the backward of another as one program. Each is
     cut at its expert-parallel all-to-alls; the pieces alternate on the compute stream, backward
     first, each all-to-all issued on the ep stream where its pass reaches it and waited for where
     that pass resumes, so it runs beside the other pass' next piece: the backward's combine beside
     the forward's attention, the forward's dispatch beside the backward's experts, and so on. The
-    backward's ops are renumbered (seq + 2^40) so that the engines can tell the two apart."""
+    backward's ops are renumbered (seq + 2^40) so that the engines can tell the two apart.
+
+    ``batched_p2p``: DualPipe's overlapped chunk (deepseek-ai/DualPipe, ``_forward_backward_chunk``)
+    receives both passes' inputs before it starts and sends both outputs after it ends, so its
+    receives (backward's first) move to its start and its sends to its end."""
     chains = [_steps(backward, _SECOND), _steps(forward, 0)]
+    if batched_p2p:
+        chains, recvs, sends = _hoist_p2p(chains)
     waits = {dst: list(srcs) for dst, srcs in forward.waits.items()}
     waits |= {dst + _SECOND: [s + _SECOND for s in srcs] for dst, srcs in backward.waits.items()}
     pending: list[list[int]] = [[], []]  # per pass: all-to-alls its next op must wait for
@@ -220,7 +226,22 @@ def combined(forward: Program, backward: Program) -> Program:
             if a2a is not None:
                 ops.append(a2a)
                 pending[x].append(a2a.seq)
+    if batched_p2p:
+        ops = recvs + ops + sends
     return Program(ops, waits)  # the task's end waits for every all-to-all still in flight
+
+
+def _hoist_p2p(chains: list) -> tuple[list, list[Op], list[Op]]:
+    """``chains`` without their p2p ops, and those receives and sends in chain order."""
+    recvs, sends, out = [], [], []
+    for chain in chains:
+        kept = []
+        for seg, a2a in chain:
+            recvs += [op for op in seg if op.kind == "p2p" and op.op == "recv"]
+            sends += [op for op in seg if op.kind == "p2p" and op.op != "recv"]
+            kept.append(([op for op in seg if op.kind != "p2p"], a2a))
+        out.append(kept)
+    return out, recvs, sends
 
 
 def is_second(op: Op) -> bool:
@@ -228,19 +249,19 @@ def is_second(op: Op) -> bool:
     return op.seq >= _SECOND
 
 
-def ep_pairs(order: Sequence, programs, skip: Mapping[int, object]) -> dict[int, Program]:
+def ep_pairs(order: Sequence, programs, skip: Mapping[int, object], batched_p2p: bool = False) -> dict[int, Program]:
     """Position of each forward of ``order`` marked combined (``schedule.orders_of``) -> the
     ``combined`` program of it and the backward after it, unless either runs a program of its
-    own (``skip``: the overlapped parameter gathers, the last backward). ``programs(kind, chunk)``
-    gives a pass' program."""
-    cache: dict[tuple[int, int], Program] = {}
+    own (``skip``: the overlapped parameter gathers, the last backward). ``programs(task)`` gives a
+    pass' program."""
+    cache: dict[tuple[int, int, bool], Program] = {}
     out: dict[int, Program] = {}
     for i, f in enumerate(order[:-1]):
         b = order[i + 1]
         if getattr(f, "combined", False) and b.kind == "B" and i not in skip and i + 1 not in skip:
-            key = (f.chunk, b.chunk)
+            key = (f.chunk, b.chunk, getattr(b, "whole", False))
             if key not in cache:
-                cache[key] = combined(programs("F", f.chunk), programs("B", b.chunk))
+                cache[key] = combined(programs(f), programs(b), batched_p2p)
             out[i] = cache[key]
     return out
 

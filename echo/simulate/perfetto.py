@@ -21,7 +21,7 @@ import pyarrow as pa
 from echo.artifacts import TIMELINE
 from echo.simulate.engine import EngineResult, Event
 
-STREAMS = ("compute", "collective", "comm", "p2p_fwd", "p2p_bwd")  # thread ids 1, 2, ... in this order
+STREAMS = ("compute", "collective", "comm", "p2p_fwd", "p2p_bwd", "ep")  # thread ids 1, 2, ... in this order
 
 
 _TIDS = {s: i + 1 for i, s in enumerate(STREAMS)}

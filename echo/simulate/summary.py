@@ -161,7 +161,12 @@ def activations_in_flight(activation: float, chunk_activation: Sequence[float], 
     held = peak = 0.0
     for task in memory_order(list(order)):  # a combined forward counted after its backward
         c = task.chunk
-        held += act[c] if task.kind == "F" else (keep[c] - act[c] if task.kind == "B" else -keep[c])
+        if task.kind == "F":
+            held += act[c]
+        elif task.kind == "B":  # a whole backward (its W in it) keeps nothing for later
+            held += (0.0 if task.whole else keep[c]) - act[c]
+        else:
+            held -= keep[c]
         peak = max(peak, held)
     return peak
 

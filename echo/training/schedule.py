@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from echo.config.workload import ParallelConfig
 from echo.training.zb_auto import PassTimes, greedy_orders, greedy_v_orders, spans
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev")
 # the schedules whose orders hold W tasks (a backward split into input- and weight-gradient parts)
-SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p", "zb-v")
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev")
 # the schedules whose orders depend on the stages' pass times (echo.training.zb_auto)
 TIMED = ("zb-2p", "zb-v")
 
@@ -34,6 +34,8 @@ class Task:
     microbatch: int
     chunk: int
     combined: bool = False  # a forward that runs together with the backward after it (combined 1F1B)
+    whole: bool = False     # in an order with W tasks, a backward run with its W in one program
+                            # (DualPipe's full backward chunk: its gradient leaves after both)
 
 
 def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1,
@@ -61,6 +63,12 @@ def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1
         # 1F1B's peak activations: stages micro-batches of a whole stage, two chunks each
         orders = greedy_v_orders(vt, micro_batches, [2.0 * stages] * stages)
         return [[Task(kind, mb, c) for kind, mb, c in o] for o in orders]
+    if schedule == "dualpipev":
+        if chunks != 2 or stages < 2 or micro_batches < 2 * stages:
+            raise ValueError(f"dualpipev holds two chunks per stage in a V over two or more stages and needs at least "
+                             f"2 x stages micro-batches, got {chunks} chunks, {stages} stages, {micro_batches} "
+                             "micro-batches")
+        return [_dualpipev(s, stages, micro_batches) for s in range(stages)]
     if schedule != "interleaved" and chunks != 1:
         raise ValueError(f"schedule {schedule} runs one chunk per stage, got {chunks} (use interleaved)")
     if schedule == "interleaved" and micro_batches % stages:
@@ -89,6 +97,8 @@ def orders_of(p: ParallelConfig, micro_batches: int, times: Sequence[PassTimes] 
     1F1B) each stage warms up one micro-batch more: a steady-state pair (forward k, backward j) then
     holds two independent passes. Without it the last stage would pair a micro-batch's forward with
     its own backward, which needs that forward's loss."""
+    if p.schedule == "dualpipev":  # pairs its steady state itself
+        return stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages)
     orders = stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages, int(p.ep_comm_overlap), times)
     return [combine_steady_state(o) for o in orders] if p.ep_comm_overlap else orders
 
@@ -187,6 +197,83 @@ def _zb_h2(stage: int, stages: int, m: int, chunks: int, extra: int = 0) -> list
     return order + [Task("W", i, 0) for i in range(w, m)]
 
 
+def _dualpipev(stage: int, stages: int, m: int) -> list[Task]:
+    """DualPipeV (DeepSeek's DualPipe cut in half by Sea AI Lab; deepseek-ai/DualPipe,
+    dualpipev.py, ``DualPipeV.step``) on rank ``stage`` of ``stages``, ``m`` >= 2 x stages
+    micro-batches, chunk 0 the V's way down (virtual stage ``stage``) and chunk 1 its way back
+    (2 stages - 1 - stage, the loss on rank 0). Its eight steps, n = stages, r = stage:
+
+    1. 2 (n - r - 1) forwards of chunk 0; 2. r + 1 times a chunk-0 and a chunk-1 forward;
+    3. n - r - 1 times a chunk-1 backward, its W at once, a chunk-1 forward;
+    4. m - 2n + r + 1 times two overlapped pairs (chunk-0 forward with chunk-1 backward, then
+       chunk-1 forward with chunk-0 backward; the last rank runs its first pair unpaired);
+    5. n - r - 1 times a chunk-1 backward and a pair (chunk-1 forward, chunk-0 backward);
+    6. r + 1 times a chunk-1 and a chunk-0 backward, from the middle on with their W deferred;
+    7. n - r - 1 times an owed W and a chunk-0 backward with its W deferred; 8. the r + 1 owed Ws.
+
+    A pair is a forward marked ``combined`` and the backward after it (the engine runs them as one
+    program, ``overlaps.combined``: interleaved at their expert-parallel all-to-alls, both inputs
+    received before and both outputs sent after, as DualPipe's overlapped chunk does); a backward
+    whose W is not deferred is ``whole`` (DualPipe's full backward chunk: B and W in one program,
+    its gradient sent after both). Deferred Ws run oldest first (DualPipe's WeightGradStore queue)."""
+    n, r = stages, stage
+    out: list[Task] = []
+    fwd_mb, bwd_mb, owed = [0, 0], [0, 0], []
+
+    def forward(c: int, combined: bool = False) -> None:
+        out.append(Task("F", fwd_mb[c], c, combined))
+        fwd_mb[c] += 1
+
+    def backward(c: int, defer: bool = False) -> None:
+        out.append(Task("B", bwd_mb[c], c, whole=not defer))
+        if defer:
+            owed.append((bwd_mb[c], c))
+        bwd_mb[c] += 1
+
+    def weight() -> None:
+        mb, c = owed.pop(0)
+        out.append(Task("W", mb, c))
+
+    def pair(f: int, b: int) -> None:
+        forward(f, combined=True)
+        backward(b)
+
+    for _ in range(2 * (n - r - 1)):
+        forward(0)
+    for _ in range(r + 1):
+        forward(0)
+        forward(1)
+    for _ in range(n - r - 1):
+        backward(1, defer=True)
+        weight()
+        forward(1)
+    for i in range(m - 2 * n + r + 1):
+        if i == 0 and r == n - 1:  # the turn of the V: not overlapped, to keep its bubble small
+            forward(0)
+            backward(1)
+        else:
+            pair(0, 1)
+        pair(1, 0)
+    for _ in range(n - r - 1):
+        backward(1)
+        pair(1, 0)
+    defer = False
+    for i in range(r + 1):
+        if i == (r + 1) // 2 and r % 2 == 1:
+            defer = True
+        backward(1, defer)
+        if i == (r + 1) // 2 and r % 2 == 0:
+            defer = True
+        backward(0, defer)
+    for _ in range(n - r - 1):
+        weight()
+        backward(0, defer=True)
+    for _ in range(r + 1):
+        weight()
+    assert not owed and fwd_mb == bwd_mb == [m, m], "dualpipev: every pass once"
+    return out
+
+
 _BUILDERS = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved": _interleaved, "zb-h1": _zb_h1,
              "zb-h2": _zb_h2}
 
@@ -207,7 +294,7 @@ def w_pending(order: list[Task]) -> int:
     what its weight-gradient GEMMs read (the layers' inputs and output gradients)."""
     held = peak = 0
     for task in order:
-        held += {"B": 1, "W": -1}.get(task.kind, 0)
+        held += {"B": 0 if task.whole else 1, "W": -1}.get(task.kind, 0)
         peak = max(peak, held)
     return peak if splits_backward(order) else 0
 
