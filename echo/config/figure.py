@@ -12,7 +12,8 @@ class Figure(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     value: NonNegativeFloat = Field(description="the figure, in the unit its key names")
-    status: Literal["published", "datasheet", "derived", "assumed"] = Field(
+    status: Literal["published", "datasheet", "derived", "fitted", "assumed"] = Field(
         description="published: measured in a cited report; datasheet: a vendor spec; derived: computed from "
-                    "cited figures by the rule in basis; assumed: a judgement, said why")
+                    "cited figures by the rule in basis; fitted: by the fit named in basis, on declared fit rows; "
+                    "assumed: a judgement, said why")
     basis: str = Field(min_length=1, description="the source (report, table, page) or the reasoning")

@@ -52,8 +52,8 @@ class Host(BaseModel):
     model_config = _STRICT
     launch_us: Figure = Field(description="host time per op the training step puts on the GPU (the framework's "
                               "Python, the dispatcher, the launch call), microseconds: the pace of a launching "
-                              "thread that does not wait for the GPU (echo.fit.host_launch derives it from "
-                              "Kineto traces)")
+                              "thread that does not wait for the GPU (echo.fit.host_launch: the Kineto traces' "
+                              "floor, and the fit on the Megatron-Bridge fit rows)")
 
 
 class Provenance(BaseModel):
