@@ -111,9 +111,10 @@ def test_the_first_all_to_all_of_each_forward_dispatch_is_a_host_sync():
     assert marked == [1, 7, 12]
 
 
-def test_the_launch_pace_lies_in_what_real_traces_show():
-    """The shipped pace (fitted on the Megatron-Bridge fit rows) is one figure for every GPU host,
-    inside the range of the reference folder's Kineto traces (fastest 21.5 us, slowest 112 us)."""
+def test_the_launch_paces_lie_in_what_real_traces_show():
+    """A100 hosts take the A100 Kineto traces' floor (21.5 us, derived); the Hopper and Blackwell
+    hosts one pace fitted on the Megatron-Bridge fit rows (H100, B200, GB200: fitted; their
+    siblings: the same, assumed), inside the traces' range (21.5 to 112 us)."""
     if not (reference_root() / "kineto").is_dir():
         pytest.skip("no reference folder kineto/")
     from echo.config import load_hardware
@@ -121,14 +122,16 @@ def test_the_launch_pace_lies_in_what_real_traces_show():
 
     floor, basis = launch_pace_us()
     assert floor == pytest.approx(21.5, abs=0.05) and "a100_16rank_rank0" in basis
+    a100 = load_hardware("a100-sxm-80gb").host.launch_us
+    assert a100.status == "derived" and a100.value == pytest.approx(floor, abs=0.05)
     paces = job_paces()
-    assert max(paces.values()) == pytest.approx(112.5, abs=0.5)
-    figures = {load_hardware(n).host.launch_us for n in ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb",
-                                                        "b200-sxm", "gb200", "b300-sxm", "gb300")}
-    assert len(figures) == 1
-    (fig,) = figures
-    assert fig.status == "fitted" and "echo.fit.host_launch" in fig.basis
-    assert floor <= fig.value <= max(paces.values()) and PLAUSIBLE_US[0] <= fig.value <= PLAUSIBLE_US[1]
+    fitted = {n: load_hardware(n).host.launch_us for n in ("h100-sxm-80gb", "b200-sxm", "gb200")}
+    carried = {n: load_hardware(n).host.launch_us for n in ("h200-sxm-141gb", "b300-sxm", "gb300")}
+    assert {f.status for f in fitted.values()} == {"fitted"} and {f.status for f in carried.values()} == {"assumed"}
+    assert len({f.value for f in (*fitted.values(), *carried.values())}) == 1
+    value = fitted["h100-sxm-80gb"].value
+    assert all("echo.fit.host_launch" in f.basis for f in (*fitted.values(), *carried.values()))
+    assert floor <= value <= max(paces.values()) and PLAUSIBLE_US[0] <= value <= PLAUSIBLE_US[1]
 
 
 def test_host_and_host_synchronous_exclude_each_other():
