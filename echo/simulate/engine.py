@@ -184,7 +184,13 @@ class StagePrograms:
 
     def program(self, task: Task) -> Program:
         """The program a task of the order runs (before the per-position specials)."""
-        return self.costs.program(task.kind, task.chunk, self.split and not task.whole)
+        return task_program(self.costs, task, self.split)
+
+
+def task_program(costs: RankCosts, task: Task, split: bool) -> Program:
+    """A task's program in an order that does (``split``) or does not run W tasks: a whole
+    backward (dualpipev's) keeps its W even in a split order."""
+    return costs.program(task.kind, task.chunk, split and not task.whole)
 
 
 def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptions) -> StagePrograms:
@@ -199,9 +205,8 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
     # the task that computes the step's last weight gradients: the last W (or whole backward), else backward
     ends = [i for i, t in enumerate(order) if (t.kind == "W" or t.whole if split else t.kind == "B")]
     last = max(ends, default=-1)
-    last_b, grad_sync = bucket_programs(costs.program(order[last].kind, order[last].chunk, split and not order[last].whole)
-                                        if last >= 0
-                                        else Program(), costs.grad_sync, options.overlap_grad_reduce)
+    last_b, grad_sync = bucket_programs(task_program(costs, order[last], split) if last >= 0 else Program(),
+                                        costs.grad_sync, options.overlap_grad_reduce)
     special: dict[int, Program] = {}
     optimizer = costs.optimizer
     if options.overlap_param_gather:
@@ -214,10 +219,9 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
         special[last] = last_b
     pairs = {}
     # combined 1F1B's pairs, or a schedule's own: dualpipev's, the only pairs in an order with W
-    # tasks (a pair's backward is then its B), which receive and send their two passes' p2p together
+    # tasks (a forward and a whole backward), which receive and send their two passes' p2p together
     if options.ep_comm_overlap or split:
-        pairs = ep_pairs(order, lambda t: costs.program(t.kind, t.chunk, split and not t.whole), special,
-                         batched_p2p=split)
+        pairs = ep_pairs(order, lambda t: task_program(costs, t, split), special, batched_p2p=split)
     return StagePrograms(costs, special, last, last_b, grad_sync, optimizer, pairs, split)
 
 

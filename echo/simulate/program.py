@@ -268,11 +268,7 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
             probe.append((t, gpu.idle_after(t), run.compute_us, run.slowdown_us, dict(run.exposed), gpu.host))
         i += 1
         if hosted:
-            # the host launches the op (after waiting for the GPU to get here, at a sync)
-            gpu.host = (max(gpu.host, t) if op.host_sync else gpu.host) + op.host_us
-            if gpu.host > t:
-                run.expose("host", gpu.host - t)
-                t = gpu.host
+            t = _launch(gpu, op, t, run)
         if op.seq in waits:
             ready, why = max((ends.get(src, (0.0, "")) for src in waits[op.seq]), key=lambda e: e[0])
             if ready > t:
@@ -332,6 +328,16 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
     return _finish(run, gpu, drain)
 
 
+def _launch(gpu: Gpu, op: Op, t: float, run: Run) -> float:
+    """The host launches ``op`` (after waiting for the GPU to reach it, at a sync); returns when the
+    compute stream may go on with it, the wait charged to host."""
+    gpu.host = (max(gpu.host, t) if op.host_sync else gpu.host) + op.host_us
+    if gpu.host > t:
+        run.expose("host", gpu.host - t)
+        return gpu.host
+    return t
+
+
 def _jump(prog: Program, run: Run, gpu: Gpu, i: int, t: float) -> None:
     """The rest of the task from op i, taken from the clean replay (the device is idle at t and
     was idle there in the clean replay; no recv or non-blocking collective follows)."""
@@ -374,11 +380,7 @@ def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, f
         t, host = start, gpu.host
         for j, (sent, arrive) in enumerate(recvs[:prog.recvs]):
             if prog.hosted:  # as replay_steps: the recv is launched, then its data awaited
-                op = prog.steps[j][3]
-                gpu.host = (max(gpu.host, t) if op.host_sync else gpu.host) + op.host_us
-                if gpu.host > t:
-                    run.expose("host", gpu.host - t)
-                    t = gpu.host
+                t = _launch(gpu, prog.steps[j][3], t, run)
             if arrive > t:
                 pp = arrive - max(t, sent)
                 run.expose("pp", pp)

@@ -277,7 +277,7 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         raise ValueError("simulate: the timer given times another network than the one given")
     # the launching host's pace (a GPU's kernel queue hides it until the host falls behind or waits);
     # a step captured whole in a CUDA graph is launched at once
-    launch_us = hardware.host.launch_us.value if getattr(hardware, "host", None) is not None and \
+    launch_us = hardware.host.launch_us.value if hardware.host is not None and \
         workload.training.cuda_graph == "none" else 0.0
     ctx = OpContext(load_kernels(Path(kernels_path)), timer, slow, topology.node_ranks, launch_us)
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
