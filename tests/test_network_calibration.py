@@ -133,7 +133,7 @@ def test_calibrate_writes_measurements_table_plot_and_model(calibrated):
 
 
 def test_nominal_topology_writes_an_empty_measurements_table_and_a_plot(tmp_path):
-    run_calibrate(load_topology("dgx-h100-ndr"), tmp_path)
+    run_calibrate(load_topology("dgx-b200"), tmp_path)
     assert pq.read_table(tmp_path / "measurements.parquet").num_rows == 0
     assert (tmp_path / "busbw.png").stat().st_size > 20_000
 

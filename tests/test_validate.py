@@ -278,7 +278,10 @@ def test_published_rows_can_be_chosen(reference):
 # Rows small enough for CI, traced and simulated by the workflow; each row's |error| may not exceed
 # the bound beside it (today's error, measured at the commit that set the bound, plus a margin).
 PUBLISHED_SUBSET = {
-    "sc21-gpt-1.7b": 0.10,           # A100, fp16, full recompute: +4.0% at 5588459 (validation row)
+    # A100, fp16, full recompute (validation row): +4.0% at 5588459; -10.9% once the traced step runs
+    # SC21's fused scale-mask-softmax and bias-dropout-add kernels (memory-bound passes removed)
+    # and the A100 HDR topology is the nccl-tests fit; cause of the remaining under-prediction open
+    "sc21-gpt-1.7b": 0.14,
     "mcore-h100-gpt-1.7b": 0.35,     # H100 bf16, the smallest row: -27.7% (validation row; cause not isolated)
     "mbridge-h100-llama-3.1-70b-fp8cs-64g-tp4pp8cp1vp5ep1-gbs128mbs1-fp8ag": 0.08,  # FP8 current scaling: -3.0%
 }

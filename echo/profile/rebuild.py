@@ -19,6 +19,7 @@ import torch
 
 import echo.training.fp8  # noqa: F401  (registers echo::quantize, which FP8 traces record)
 import echo.training.fused  # noqa: F401  (registers echo::rms_norm, rope, swiglu, weighted_glu, cross_entropy)
+import echo.training.layers  # noqa: F401  (registers echo::scaled_causal_softmax)
 
 Args = tuple[list[Any], dict[str, Any]]
 

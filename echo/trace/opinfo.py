@@ -52,7 +52,7 @@ def op_class(func) -> str:
         return "copy"
     if func.namespace == "echo":  # Echo's own kernels (training/fp8.py, fused.py), memory-bound
         return ("norm" if name.startswith("rms_norm") else "quantize" if name == "quantize" else
-                "softmax" if name == "cross_entropy" else "elementwise")
+                "softmax" if name == "cross_entropy" or name.startswith("scaled_causal_softmax") else "elementwise")
     if name in _GEMM:
         return "gemm"
     if "attention" in name:

@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 RecomputeHook = Callable[[], AbstractContextManager]
@@ -86,13 +87,101 @@ def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     return torch.native_dropout(x, p, True)[0] if p else x
 
 
+# Megatron-LM's bias-dropout-add fusion (--bias-dropout-fusion, on by default; SC21 section 4.2):
+# the residual add runs inside the dropout kernel, one pass over x and the residual instead of a
+# dropout pass and an add pass (the bias rides in the GEMM's epilogue here, as costly as nothing).
+@torch.library.custom_op("echo::dropout_add", mutates_args=())
+def _dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual + dropout(x), the 1-byte keep mask) in one pass."""
+    y, mask = torch.native_dropout(x, p, True)
+    return residual + y, mask
+
+
+@_dropout_add.register_fake
+def _(x, residual, p):
+    return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+
+
+def _dropout_add_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.p = inputs[2]
+
+
+def _dropout_add_backward(ctx, grad, _grad_mask):
+    (mask,) = ctx.saved_tensors
+    # the residual's gradient passes through unchanged (no kernel); x's is native_dropout's backward
+    return torch.ops.aten.native_dropout_backward(grad, mask, 1.0 / (1.0 - ctx.p)), grad, None
+
+
+_dropout_add.register_autograd(_dropout_add_backward, setup_context=_dropout_add_setup)
+
+
+def dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float) -> torch.Tensor:
+    """residual + dropout(x): one fused kernel when p > 0, else the plain add. Sequence-parallel
+    shards (DTensors placed alike) run it on their local rows."""
+    if not p:
+        return residual + x
+    if isinstance(x, DTensor) or isinstance(residual, DTensor):
+        if not (isinstance(x, DTensor) and isinstance(residual, DTensor) and x.placements == residual.placements):
+            return residual + dropout(x, p)
+        y = _dropout_add(x.to_local().contiguous(), residual.to_local().contiguous(), p)[0]
+        return DTensor.from_local(y, x.device_mesh, x.placements, run_check=False)
+    return _dropout_add(x.contiguous(), residual.contiguous(), p)[0]
+
+
+# --- Megatron-LM's fused scale-mask-softmax --------------------------------------------------
+# Megatron-LM runs the scaling, causal mask and softmax of unfused attention as one kernel each way
+# (scaled_upper_triang_masked_softmax, --masked-softmax-fusion, on by default since 2020; SC21
+# section 4.2 names it among the fused kernels of the runs it reports): one read and one write of
+# the s x s scores forward, where eager PyTorch runs mul, masked_fill and softmax (three passes),
+# and one kernel backward. A custom op, so the trace records that one kernel; its CPU code
+# computes the real values (the measure stage trains for real).
+@torch.library.custom_op("echo::scaled_causal_softmax", mutates_args=())
+def scaled_causal_softmax(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale * x) over the last dim, keys after the query masked (at least fp32 inside)."""
+    s_q, s_k = x.shape[-2:]
+    mask = torch.ones(s_q, s_k, dtype=torch.bool, device=x.device).triu(1)
+    wide = torch.promote_types(x.dtype, torch.float32)
+    return torch.softmax((x.to(wide) * scale).masked_fill(mask, float("-inf")), -1).to(x.dtype)
+
+
+@scaled_causal_softmax.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("echo::scaled_causal_softmax_backward", mutates_args=())
+def scaled_causal_softmax_backward(grad: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    """d(scores) from the probabilities y alone: scale * y * (grad - sum(grad * y))."""
+    wide = torch.promote_types(y.dtype, torch.float32)
+    g, yf = grad.to(wide), y.to(wide)
+    return (scale * yf * (g - (g * yf).sum(-1, keepdim=True))).to(y.dtype)
+
+
+@scaled_causal_softmax_backward.register_fake
+def _(grad, y, scale):
+    return torch.empty_like(y)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)  # the kernel keeps only its output, as Megatron's does
+    ctx.scale = inputs[1]
+
+
+def _softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    return scaled_causal_softmax_backward(grad.contiguous(), y, ctx.scale), None
+
+
+scaled_causal_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
+
+
 def math_attention(q, k, v, p_drop: float) -> torch.Tensor:
-    """Unfused causal attention: scores, masked softmax, dropout, PV (each its own kernel, and
-    the s x s probabilities kept for backward, as Korthikanti et al. count them)."""
-    scores = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    s_q, s_k = scores.shape[-2:]
-    mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).triu(1)
-    probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    """Unfused causal attention as Megatron-LM runs it: the QK^T GEMM, one fused scale-mask-softmax
+    kernel, dropout, the PV GEMM (the s x s probabilities kept for backward, as Korthikanti et al.
+    count them)."""
+    scores = torch.matmul(q, k.transpose(-2, -1))
+    probs = scaled_causal_softmax(scores.contiguous(), q.shape[-1] ** -0.5)
     return torch.matmul(dropout(probs, p_drop), v)
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from echo.config.workload import ModelConfig, Workload
 from echo.training import fused, llama, moe
-from echo.training.layers import RecomputeHook, attention_core, dropout, recomputed
+from echo.training.layers import RecomputeHook, attention_core, dropout_add, recomputed
 from echo.training.layout import chunk_slots
 
 # fp8: the linears of the blocks run in FP8 (fp8.py), everything else in bf16
@@ -79,11 +79,8 @@ class Block(nn.Module):
         return recomputed(self._layer, self.hook)(x) if self.full else self._layer(x)
 
     def _layer(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self._drop(self.attn(self.ln1(x)))
-        return x + self._drop(self.mlp(self.ln2(x)))
-
-    def _drop(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.dropout)
+        x = dropout_add(self.attn(self.ln1(x)), x, self.dropout)
+        return dropout_add(self.mlp(self.ln2(x)), x, self.dropout)
 
 
 class ModelChunk(nn.Module):

@@ -60,7 +60,8 @@ ROW_DEFAULTS = {
                   "(the paper's FLOP formula counts one extra forward); dtype fp16 (SC21's mixed "
                   "precision); zero 0 (no distributed optimizer in SC21); no sequence parallelism (later work); "
                   "attention: math (Megatron-LM of 2021 ran QK^T, softmax, dropout and PV as separate kernels; "
-                  "fused flash attention came later); dropout 0.1 (Megatron-LM's default for attention and "
+                  "fused flash attention came later), with the fusions section 4.2 states (one scale-mask-softmax "
+                  "kernel, bias-dropout-add in one kernel; bias-GeLU rides in the GEMM here); dropout 0.1 (Megatron-LM's default for attention and "
                   "hidden states); no overlap flags (Megatron-LM of 2021 reduced gradients after the pipeline "
                   "flush and had neither the distributed optimizer's parameter all-gather nor TP-comm overlap)",
     },
