@@ -79,6 +79,9 @@ def snakemake(cwd: Path, *args: str, timeout: float = 1800) -> subprocess.Comple
     """Run this venv's snakemake in ``cwd`` (it picks up the copy's profiles/default)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAKEMAKE")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # A copy's echo looks for shared/reference beside the copy (echo.reference.DEFAULT), which a
+    # temporary folder lacks; point it at this checkout's reference folder unless a test chose one.
+    env.setdefault("ECHO_REFERENCE", str(reference_root()))
     return subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,

@@ -79,22 +79,26 @@ def test_h100_nvls_large_allreduce(h100):
 
 
 @pytest.mark.parametrize("name, topology, bound, floor", [
-    ("nccl_allreduce_a100_8gpu.csv", "dgx-a100-hdr", 0.12, 0.20),
-    # the floor: NVLink SHARP's 25 us (NCCL's tuner; constant in the GPUs) against this H200
-    # node's 40 us at 32 KiB; the DGX H100 nccl-tests log (dgx-h100-1node) has 19 us there
-    ("nccl_allreduce_h200_8gpu.csv", "dgx-h100-ndr", 0.10, 0.40),
+    ("nccl_allreduce_a100_8gpu.csv", "dgx-a100-hdr", 0.12, 0.45),
+    ("nccl_allreduce_h200_8gpu.csv", "dgx-h100-ndr", 0.10, 0.65),
 ])
-def test_reference_allreduce_error(name, topology, bound, floor, reference):
-    """Mean absolute relative time error over sizes 1 MiB..16 GiB (issue: at most 15%; A100 ~9.5%,
-    H200 ~7.6% at writing), and the small-message latency floor (the smallest size)."""
+def test_reference_allreduce_error(name, topology, bound, floor, reference, tmp_path):
+    """The published rows' fitted networks against 8-GPU all-reduce tables they were not fitted on:
+    mean absolute relative time error over 1 MiB..16 GiB (issue: at most 15%; A100 9.9%, H200
+    8.6% at writing). The smallest size is the fitted cluster's latency floor, not this node's:
+    dgx-a100-hdr's intra tier is fitted on Azure's 8-GPU server, dgx-h100-ndr's on the DGX Cloud
+    node, and both tables' nodes are slower to start (at writing 43.8 vs 27.6 us and 40.0 vs
+    17.1 us: 37% and 57% over the model), a property of the measured systems."""
     sizes, measured = _reference(reference / name)
     keep = sizes >= MIB
     assert sizes[keep].max() == 16 * GIB
-    model = NetworkModel(load_topology(topology))
+    run_calibrate(load_topology(topology), tmp_path)
+    model = NetworkModel.load(tmp_path / "network.json")
+    assert model.source == "fitted"
     predicted = model.time_us("all_reduce", gpus=8, nbytes=sizes)
     rel = np.abs(predicted - measured) / measured
     assert rel[keep].mean() < bound
-    assert rel[0] < floor
+    assert predicted[0] < measured[0] and rel[0] < floor
 
 
 def test_dgx_a100_four_nodes_allreduce_1gib(a100):
@@ -216,7 +220,7 @@ def test_save_load_round_trip(tmp_path, a100):
 
 
 def test_calibrate_nominal(tmp_path):
-    run_calibrate(load_topology("dgx-h100-ndr"), tmp_path)
+    run_calibrate(load_topology("dgx-b200"), tmp_path)  # no log of a DGX B200: nominal figures
     table = pq.read_table(tmp_path / "collectives.parquet")
     assert set(COLLECTIVES.names) <= set(table.column_names)
     rows = table.to_pylist()
@@ -231,7 +235,7 @@ def test_calibrate_nominal(tmp_path):
 
 def test_collective_main(tmp_path):
     path = tmp_path / "network.json"
-    out = collective_main("dgx-a100-hdr", "all_reduce", 16, GIB, network_json=path)  # not calibrated: nominal
+    out = collective_main("dgx-b200", "all_reduce", 16, GIB, network_json=path)  # not calibrated: nominal
     assert out["source"] == "nominal" and out["nodes"] == 2 and out["bytes"] == GIB
     assert json.loads(json.dumps(out)) == out
     topo = load_topology("local-gloo")
