@@ -382,8 +382,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    from echo.io import read_parquet
     from echo.report.audit import render_table
     from echo.sweep import expansion, layouts_table
     from echo.workflow.paths import SWEEP
@@ -401,7 +401,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(render_table(table.select(["tokens", "kept", "shared trace", "key", "reason"]), title=f"layouts of {s.name}"))
     ranking = Path(SWEEP("ranking.parquet", sweep=s.name, results=args.results))
     if ranking.is_file():
-        top = pq.read_table(ranking).slice(0, args.top)
+        top = read_parquet(ranking).slice(0, args.top)
         print(render_table(top.select(["rank", "tokens", "topology", "step_time_s", "mfu", "peak_mem_gib", "fits"]),
                            title=f"best layouts ({ranking})"))
     else:

@@ -14,11 +14,10 @@ import random
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from echo.artifacts import RANK_CLASSES
+from echo.artifacts import RANK_CLASSES, TRACED_RANKS
 from echo.config.workload import Workload
-from echo.io import write_parquet
+from echo.io import read_parquet, write_parquet
 from echo.trace import trace_ranks
 from echo.training.layout import Layout
 
@@ -60,7 +59,7 @@ def sample_ranks(w: Workload, traced: pa.Table, k: int, seed: int = 0) -> list[i
 
 def verify(w: Workload, table: pa.Table, trace_dir: Path, k: int) -> list[int]:
     """Trace ``k`` sampled ranks and check each hashes like its class; returns the ranks checked."""
-    ranks = sample_ranks(w, pq.read_table(trace_dir / "ranks.parquet"), k)
+    ranks = sample_ranks(w, read_parquet(trace_dir / "ranks.parquet", TRACED_RANKS), k)
     if not ranks:
         return []
     got = trace_ranks(w, ranks, trace_dir)["ranks"]
@@ -75,6 +74,6 @@ def verify(w: Workload, table: pa.Table, trace_dir: Path, k: int) -> list[int]:
 
 def run_dedup(workload: Workload, trace_dir: Path, out_path: Path) -> None:
     trace_dir = Path(trace_dir)
-    table = rank_classes(workload, pq.read_table(trace_dir / "ranks.parquet"))
+    table = rank_classes(workload, read_parquet(trace_dir / "ranks.parquet", TRACED_RANKS))
     verify(workload, table, trace_dir, workload.verify)
     write_parquet(table, out_path, RANK_CLASSES)

@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from echo.io import write_parquet
 from echo.report import plots
 from echo.validate.published import plot_error_by_layout, published_rows, run_validate
 
@@ -84,7 +84,7 @@ def test_run_validate_writes_the_layout_plot_next_to_the_published_one(tmp_path:
     summaries = {}
     for r, f in zip(rows, (1.1, 0.9), strict=True):
         summaries[r.name] = tmp_path / f"{r.name}.parquet"
-        pq.write_table(pa.table({"step_time_s": [r.measured_step_s * f]}), summaries[r.name])
+        write_parquet(pa.table({"step_time_s": [r.measured_step_s * f]}), summaries[r.name])
     plot = tmp_path / "validate" / "published.png"
     table = run_validate(rows, summaries, tmp_path / "validate" / "published.parquet", plot)
     assert table.num_rows == 2

@@ -10,7 +10,7 @@ import pytest
 from conftest import edit_yaml
 
 from echo.config import load_workload
-from echo.config.limits import estimated_parameters
+from echo.config.limits import estimated_parameters, trace_estimate
 from echo.errors import ConfigError
 
 
@@ -49,3 +49,48 @@ def test_a_limit_is_raised_for_one_run(config_root: Path, monkeypatch):
         load_workload("tiny-dp2", root=config_root)
     monkeypatch.setenv("ECHO_MAX_LAYERS_PER_ROLE", "50000")
     assert load_workload("tiny-dp2", root=config_root).model.layers == 40_000
+
+
+def test_many_roles_are_refused_by_the_trace_time_estimate(config_root: Path):
+    path = config_root / "workloads" / "tiny-pp2.yaml"
+    edit_yaml(path, **{"model.layers": 20_000, "parallel.pp": 20_000, "training.global_batch": 40_000,
+                       "training.micro_batch": 1})
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        load_workload("tiny-pp2", root=config_root)
+    assert time.perf_counter() - t0 < 5.0
+    assert err.value.key == "parallel.pp" and "20,000 roles" in err.value.reason and "h on one core" in err.value.reason
+
+
+def test_a_role_too_large_for_host_memory_is_refused(config_root: Path, monkeypatch):
+    path = config_root / "workloads" / "tiny-dp2.yaml"
+    edit_yaml(path, **{"model.layers": 2_000})
+    assert trace_estimate(load_workload("tiny-dp2", root=config_root))["worker_gib"] > 1.0
+    monkeypatch.setenv("ECHO_MAX_TRACE_WORKER_GIB", "1")
+    with pytest.raises(ConfigError, match=r"model\.layers: tracing one role would record about 320,160 ops"):
+        load_workload("tiny-dp2", root=config_root)
+
+
+def test_the_trace_estimate_bounds_what_a_trace_records(tmp_path: Path):
+    import pyarrow.parquet as pq
+
+    from echo.trace import run_trace
+
+    w = load_workload("tiny-pp2")
+    run_trace(w, tmp_path)
+    ops = pq.read_table(tmp_path / "ops.parquet", columns=["rank"])["rank"].value_counts().to_pylist()
+    est = trace_estimate(w)
+    assert est["roles"] == len(ops) == w.parallel.pp
+    assert max(c["counts"] for c in ops) <= est["ops_per_role"]
+
+
+def test_full_mode_on_a_huge_job_is_refused_while_the_dag_is_built(workflow_copy: Path):
+    from conftest import snakemake
+
+    target = "results/simulate/llama3-405b-16k/h100-sxm-80gb/dgx-h100-ndr/summary.parquet"
+    t0 = time.perf_counter()
+    proc = snakemake(workflow_copy, "-n", target, "--config", "simulate={mode: full}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and time.perf_counter() - t0 < 60
+    assert "config/config.yaml: simulate.mode: full mode replays every rank: llama3-405b-16k has 16,384 ranks" in out
+    assert snakemake(workflow_copy, "-n", target).returncode == 0  # symmetric mode takes it

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import matplotlib.image
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from conftest import GPU_TARGET, REPO, TINY, edit_yaml, snakemake
 
 from echo.artifacts import TIMELINE, TRACED_RANKS
+from echo.io import write_parquet
 from echo.report import plots
 from echo.report.html import find_chromium, report_results, screenshot, screenshots, view_page
 from echo.report.measured import measurement_points
@@ -112,18 +112,18 @@ def test_figures_are_labelled_svgs(tmp_path: Path) -> None:
 def test_measurements_pair_with_predictions(tmp_path: Path) -> None:
     compared = tmp_path / "validate" / "tiny-pp2" / "local-cpu" / "local-gloo" / "compare.parquet"
     compared.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"workload": ["tiny-pp2"] * 2, "hardware": ["local-cpu"] * 2,
+    write_parquet(pa.table({"workload": ["tiny-pp2"] * 2, "hardware": ["local-cpu"] * 2,
                              "topology": ["local-gloo"] * 2, "item": ["step_time", "forward"], "stage": [-1, 0],
                              "predicted_s": [0.2, 0.05], "measured_s": [0.25, 0.06]}), compared)
     published = tmp_path / "validate" / "published.parquet"
-    pq.write_table(pa.table({"table": ["sc21"], "row": ["175B"], "workload": ["sc21-175b"],
+    write_parquet(pa.table({"table": ["sc21"], "row": ["175B"], "workload": ["sc21-175b"],
                              "predicted_step_time_s": [20.0], "measured_step_time_s": [22.0]}), published)
     measured = tmp_path / "measure" / "tiny-dp2" / "measured.parquet"
     measured.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"workload": ["tiny-dp2"] * 3, "iteration": [0, 1, 2], "step_time_s": [0.3, 0.31, 0.29],
+    write_parquet(pa.table({"workload": ["tiny-dp2"] * 3, "iteration": [0, 1, 2], "step_time_s": [0.3, 0.31, 0.29],
                              "median_step_time_s": [0.3] * 3}), measured)
     unrelated = tmp_path / "validate" / "other.parquet"
-    pq.write_table(pa.table({"x": [1]}), unrelated)
+    write_parquet(pa.table({"x": [1]}), unrelated)
     summaries = [{"workload": "tiny-dp2", "hardware": "local-cpu", "topology": "local-gloo", "step_time_s": 0.27},
                  {"workload": "tiny-dp2", "hardware": "a100-sxm-80gb", "topology": "dgx-a100-hdr", "step_time_s": 0.01}]
     points = measurement_points([compared, published, measured, unrelated], summaries)
@@ -213,6 +213,22 @@ def test_status_says_what_reruns_and_why(stub_run: Path, tmp_path: Path) -> None
     assert "changed topology local-gloo: intra_node.bandwidth_GBps: 2.0 -> 3.0" in text
     assert "Input files updated by another job" in text
     assert "cached:" in text and "trace " in text.split("would run")[0]  # traces stay cached
+
+
+def test_status_lists_a_damaged_artifact_and_its_rule(stub_run: Path, tmp_path: Path) -> None:
+    """Snakemake takes a truncated output as done; `echo status` reads it, names it and the rule."""
+    wf = tmp_path / "wf"
+    shutil.copytree(stub_run, wf, symlinks=True)
+    damaged = wf / "results" / "dedup" / "tiny-dp2" / "rank_classes.parquet"
+    before = damaged.stat()
+    damaged.write_bytes(damaged.read_bytes()[:40])
+    os.utime(damaged, ns=(before.st_atime_ns, before.st_mtime_ns))  # as a disk fault would: mtime kept
+    proc = subprocess.run([sys.executable, "-m", "echo", "status"], cwd=wf, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "nothing to do" in proc.stdout and "damaged: 1 artifacts" in proc.stdout, proc.stdout
+    line = next(ln for ln in proc.stdout.splitlines() if "rank_classes.parquet" in ln)
+    assert "results/dedup/tiny-dp2/rank_classes.parquet: not a readable Parquet file" in line
+    assert line.endswith("snakemake --forcerun dedup")
 
 
 # --- the HTML report ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 
 from echo.artifacts import COMMS, KERNELS, OPS, RANK_CLASSES, SUMMARY, TIMELINE, TRACED_RANKS
 from echo.config import Hardware, Topology, Workload
+from echo.io import write_parquet
 from echo.network import CollectiveCosts, Estimate
 from echo.overlap import Slowdown
 from echo.simulate import (
@@ -406,9 +407,9 @@ def write_inputs(tmp_path, w: Workload, *, recompute=False, kernels=KERNEL_US, m
     trace = tmp_path / "trace"
     trace.mkdir()
     stages = [trace_stage(w, s, recompute, buckets) for s in range(par.pp)]
-    pq.write_table(pa.Table.from_pylist([r for t in stages for r in t.ops], OPS), trace / "ops.parquet")
-    pq.write_table(pa.Table.from_pylist([r for t in stages for r in t.comms], COMMS), trace / "comms.parquet")
-    pq.write_table(pa.Table.from_pylist([dict(
+    write_parquet(pa.Table.from_pylist([r for t in stages for r in t.ops], OPS), trace / "ops.parquet")
+    write_parquet(pa.Table.from_pylist([r for t in stages for r in t.comms], COMMS), trace / "comms.parquet")
+    write_parquet(pa.Table.from_pylist([dict(
         rank=t.rank, role=f"pp{s}", pp_rank=s, tp_rank=0, dp_rank=0, cp_rank=0, graph_hash=f"h{s}",
         param_bytes=GIB // 2, grad_bytes=GIB // 4, optimizer_bytes=GIB // 4,
         activation_bytes_per_microbatch=GIB // 2, trace_wall_s=0.1) for s, t in enumerate(stages)],
@@ -420,8 +421,8 @@ def write_inputs(tmp_path, w: Workload, *, recompute=False, kernels=KERNEL_US, m
     classes = [dict(rank=r, class_id=class_of(s), representative=rank_of(w, class_of(s), 0, 0), graph_hash="h",
                     pp_rank=s, tp_rank=r % par.tp, dp_rank=(r // par.tp) % par.dp, cp_rank=0, node=-1)
                for r in range(w.world_size) for s in [r // (par.tp * par.dp)]]
-    pq.write_table(pa.Table.from_pylist(classes, RANK_CLASSES), tmp_path / "rank_classes.parquet")
-    pq.write_table(pa.Table.from_pylist([dict(
+    write_parquet(pa.Table.from_pylist(classes, RANK_CLASSES), tmp_path / "rank_classes.parquet")
+    write_parquet(pa.Table.from_pylist([dict(
         kernel_key=k, name=k, op_class="gemm", shapes="[]", dtype="bfloat16", flops=0.0, bytes=0.0, duration_us=us,
         achieved_tflops=0.0, achieved_GBps=0.0, source="model", count=1) for k, us in kernels.items()], KERNELS),
         tmp_path / "kernels.parquet")

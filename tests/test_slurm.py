@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -121,3 +122,66 @@ def test_tiny_experiments_through_slurm(tiny_run: Path, cluster: LocalSlurm, tmp
     assert (remote / "report" / "summaries.parquet").is_file()
     assert list((remote / "report" / "experiments").rglob("gantt.svg"))
     assert cluster.timings["bring_up_s"] < 120
+
+
+def _cancel_when_running(cluster: LocalSlurm, rule: str, times: int, stop: threading.Event) -> list[str]:
+    """scancel the job of ``rule`` once it runs, up to ``times`` jobs (each a retry of the last)."""
+    cancelled: list[str] = []
+    while len(cancelled) < times and not stop.is_set():
+        out = cluster.cmd("squeue", "-h", "-o", "%i|%T|%k", check=False).stdout
+        for line in out.splitlines():
+            jobid, state, comment = (line.split("|") + ["", ""])[:3]
+            if comment.startswith(f"rule_{rule}") and state == "RUNNING" and jobid not in cancelled:
+                cluster.cmd("scancel", jobid)
+                cancelled.append(jobid)
+        time.sleep(0.2)
+    return cancelled
+
+
+def _run_with_cancels(wf: Path, cluster: LocalSlurm, rule: str, times: int, *extra: str):
+    stop, found = threading.Event(), {}
+    watcher = threading.Thread(target=lambda: found.setdefault("ids", _cancel_when_running(cluster, rule, times, stop)))
+    watcher.start()
+    try:
+        proc = snakemake(wf, "--profile", "profiles/slurm", "--jobs", "2", "--set-threads", "trace=2",
+                         "--slurm-init-seconds-before-status-checks", "2", *extra, TINY_TARGETS[1], timeout=1800)
+    finally:
+        stop.set()
+        watcher.join()
+    return proc, found.get("ids", [])
+
+
+def test_a_cancelled_job_is_retried_and_the_run_completes(tiny_run: Path, cluster: LocalSlurm, tmp_path: Path) -> None:
+    wf = tmp_path / "wf"
+    shutil.copytree(tiny_run, wf, symlinks=True)
+    w, h, t = GPU_TARGET
+    # the trace re-runs (the longest job), then its chain: Snakemake re-creates a missing file only
+    # for a job that must run, so the chain's outputs go too
+    outputs = [*(Path("trace", w, f"{n}.parquet") for n in ("ops", "comms", "deps", "ranks")),
+               Path("dedup", w, "rank_classes.parquet"), Path("profile", w, h, "kernels.parquet"),
+               *(Path("simulate", w, h, t, f) for f in ("summary.parquet", "timeline.parquet", "schedule.parquet",
+                                                         "trace.json"))]
+    for out in outputs:
+        (wf / "results" / out).unlink()
+    proc, cancelled = _run_with_cancels(wf, cluster, "trace", 1)
+    assert len(cancelled) == 1, (cancelled, proc.stdout[-3000:] + proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-10000:] + workflow_logs(wf) + cluster.logs()
+    states = {j["JobID"]: j["State"] for j in cluster.jobs() if j["Comment"].startswith("rule_trace")}
+    assert states[cancelled[0]].startswith("CANCELLED") and "COMPLETED" in states.values(), states
+    summary = Path("results", "simulate", w, h, t, "summary.parquet")
+    assert table(wf / summary).equals(table(tiny_run / summary))
+
+
+def test_a_job_that_keeps_failing_is_reported_not_retried_forever(tiny_run: Path, cluster: LocalSlurm,
+                                                                  tmp_path: Path) -> None:
+    wf = tmp_path / "wf"
+    shutil.copytree(tiny_run, wf, symlinks=True)
+    w, h, t = GPU_TARGET
+    for name in ("summary", "timeline", "schedule"):
+        (wf / "results" / "simulate" / w / h / t / f"{name}.parquet").unlink()
+    (wf / "results" / "simulate" / w / h / t / "trace.json").unlink()
+    proc, cancelled = _run_with_cancels(wf, cluster, "simulate", 2, "--retries", "1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and len(cancelled) == 2, (cancelled, out[-5000:])
+    assert "Error in rule simulate" in out and "CANCELLED" in out, out[-5000:]
+    assert not (wf / "results" / "simulate" / w / h / t / "summary.parquet").exists()

@@ -9,6 +9,7 @@ import pytest
 
 from echo.config.workload import Workload
 from echo.dedup import AsymmetryError, rank_classes, verify
+from echo.io import write_parquet
 from echo.trace import trace_ranks
 from echo.training.layout import Coords, Layout
 
@@ -191,9 +192,8 @@ def test_dedup_classes_cover_the_world_and_ignore_rank_ids(tp_pp_dp, tmp_path):
 
 def test_verify_catches_a_planted_asymmetry(tp_pp_dp, tmp_path):
     w, tables = tp_pp_dp
-    import pyarrow.parquet as pq
     reps = tables["ranks"].filter(pc.is_in(tables["ranks"]["rank"], pa.array([0, 4])))
-    pq.write_table(reps, tmp_path / "ranks.parquet")
+    write_parquet(reps, tmp_path / "ranks.parquet")
     classes = rank_classes(w, reps)
     checked = verify(w, classes, tmp_path, 1)
     assert len(checked) == 1

@@ -15,6 +15,7 @@ from test_simulate import HARDWARE, NET_US, NONE, TOPOLOGY, FakeNet, make_worklo
 from echo.artifacts import KERNELS
 from echo.config.figure import Figure
 from echo.config.hardware import Variability
+from echo.io import write_parquet
 from echo.simulate import run_simulate
 from echo.simulate.variability import (
     absorbed_by,
@@ -157,7 +158,7 @@ def _slow_kernels(tmp_path, factor: float):
     for r in table:
         r["duration_us"] *= factor
     path = tmp_path / "slow_kernels.parquet"
-    pq.write_table(pa.Table.from_pylist(table, schema=KERNELS), path)
+    write_parquet(pa.Table.from_pylist(table, schema=KERNELS), path)
     return path
 
 

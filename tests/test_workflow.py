@@ -34,6 +34,7 @@ from conftest import (
 
 from echo.artifacts import SUMMARY, TIMELINE, TRACED_RANKS
 from echo.errors import ConfigError
+from echo.io import write_parquet
 from echo.report.audit import audit as audit_views
 from echo.report.audit import summaries_table
 from echo.workflow import params, paths
@@ -338,7 +339,7 @@ def test_cli_collective_prints_one_json_object() -> None:
 def write_summary(results: Path, w: str, h: str, t: str, step: float) -> None:
     row = {f.name: [None] for f in SUMMARY}
     row.update(workload=[w], hardware=[h], topology=[t], world_size=[2], step_time_s=[step])
-    pq.write_table(pa.table(row, schema=SUMMARY), results / "simulate" / w / h / t / "summary.parquet")
+    write_parquet(pa.table(row, schema=SUMMARY), results / "simulate" / w / h / t / "summary.parquet")
 
 
 def audit(sql: str | None, results: Path) -> str:
@@ -353,7 +354,7 @@ def results(tmp_path: Path) -> Path:
         write_summary(results, w, h, t, step)
     for w, h in [("tiny-dp2", "local-cpu"), ("tiny-tp2", "h100-sxm-80gb")]:
         (results / "profile" / w / h).mkdir(parents=True)
-        pq.write_table(pa.table({"kernel_key": ["k1", "k2"], "duration_us": [1.0, 2.0]}),
+        write_parquet(pa.table({"kernel_key": ["k1", "k2"], "duration_us": [1.0, 2.0]}),
                        results / "profile" / w / h / "kernels.parquet")
     (results / "benchmarks" / "trace").mkdir(parents=True)
     (results / "benchmarks" / "trace" / "tiny-dp2.tsv").write_text(
@@ -409,14 +410,14 @@ def write_timeline(path: Path, stages: int) -> None:
              "chunk": 0, "start_s": 0.01 * (2 * mb + (kind == "backward") + s), "end_s": 0.01 * (2 * mb + (kind == "backward") + s + 1)}
             for s in range(stages) for mb in range(2) for kind, stream in (("forward", "compute"), ("backward", "compute"))]
     rows.append({**rows[-1], "kind": "optimizer", "name": "optimizer", "microbatch": -1, "start_s": 0.1, "end_s": 0.11})
-    pq.write_table(pa.Table.from_pylist(rows, schema=TIMELINE), path)
+    write_parquet(pa.Table.from_pylist(rows, schema=TIMELINE), path)
 
 
 def write_traced_ranks(path: Path, stages: int) -> None:
     rows = [{"rank": s, "role": f"pp{s}", "pp_rank": s, "tp_rank": 0, "dp_rank": 0, "cp_rank": 0, "graph_hash": "h",
              "param_bytes": 2 << 20, "grad_bytes": 4 << 20, "optimizer_bytes": 8 << 20,
              "activation_bytes_per_microbatch": 1 << 20, "trace_wall_s": 1.0} for s in range(stages)]
-    pq.write_table(pa.Table.from_pylist(rows, schema=TRACED_RANKS), path)
+    write_parquet(pa.Table.from_pylist(rows, schema=TRACED_RANKS), path)
 
 
 def test_report_rule_writes_and_prints_summaries(workflow_copy: Path) -> None:

@@ -10,7 +10,11 @@ below admit every real model up to 10 trillion parameters on up to a million GPU
   published dense model has 126 layers in all, DeepSeek-V3 61),
 - the whole model: at most MAX_PARAMETERS (estimated from the shape: attention 2h(h + kv·d),
   MLP 2 or 3 x h x ffn per expert, embeddings V x h, input and output),
-- ``parallel``: a world of at most MAX_WORLD ranks.
+- ``parallel``: a world of at most MAX_WORLD ranks (which also bounds dedup's rank table: one
+  row per rank, about 100 bytes each, 0.2 GB at the limit),
+- the simulator's full mode: at most MAX_FULL_MODE_RANKS ranks (symmetric mode has no limit),
+- the trace itself (trace_estimate): at most MAX_TRACE_WORKER_GIB of host memory per tracing
+  process and MAX_TRACE_HOURS of tracing on one core, from the ops the roles would record.
 
 Each limit can be raised for one run with an environment variable of the same name prefixed
 ``ECHO_`` (``ECHO_MAX_LAYERS_PER_ROLE=50000``), for a machine that can afford it.
@@ -23,12 +27,32 @@ import os
 MAX_LAYERS_PER_ROLE = 20_000
 MAX_PARAMETERS = 2e13
 MAX_WORLD = 2**21  # 2,097,152 ranks
+MAX_TRACE_WORKER_GIB = 64.0
+MAX_TRACE_HOURS = 24.0
+# The simulator's full mode replays every rank's programs (symmetric mode one per class): beyond
+# this many ranks it takes minutes to hours. Checked while the DAG is built (echo.workflow.params).
+MAX_FULL_MODE_RANKS = 4096
+
+# The trace's cost, measured on this 2-core machine (2026-12-04). Per op, by
+# benchmarks/bench_trace_cost.py: a GPT of 64 / 512 / 2,048 layers in one role records 1,952 /
+# 15,419 / 61,589 ops in 2.2 / 14.0 / 62.4 s, the worker peaking at 418 / 493 / 758 MB. Per role
+# (a worker process's start, imports and writing), from the workflow's trace benchmarks of the
+# many-role SC21 rows: 64 / 35 / 16 roles in 200 / 107 / 55 s on 2 cores, 6.1-6.9 s a role.
+TRACE_SECONDS_PER_ROLE = 6.0
+TRACE_SECONDS_PER_OP = 1.0e-3
+TRACE_WORKER_BASE_GIB = 0.40
+TRACE_BYTES_PER_OP = 6.0e3
+# Ops one layer records per role (forward, backward, recompute of one micro-batch template): the
+# shipped traces record 30-151 (dense GPT about 35-90, MoE and FP8 up to 151, Qwen3-235B); the
+# guard takes more than the upper end, so it over-estimates rather than admit what cannot finish.
+TRACE_OPS_PER_LAYER = 160
 
 
 def limit(name: str) -> float:
     """A limit's value, from ECHO_<name> when set."""
     default = {"MAX_LAYERS_PER_ROLE": MAX_LAYERS_PER_ROLE, "MAX_PARAMETERS": MAX_PARAMETERS,
-               "MAX_WORLD": MAX_WORLD}[name]
+               "MAX_WORLD": MAX_WORLD, "MAX_TRACE_WORKER_GIB": MAX_TRACE_WORKER_GIB,
+               "MAX_TRACE_HOURS": MAX_TRACE_HOURS, "MAX_FULL_MODE_RANKS": MAX_FULL_MODE_RANKS}[name]
     raw = os.environ.get(f"ECHO_{name}")
     try:
         return float(raw) if raw else float(default)
@@ -48,6 +72,17 @@ def estimated_parameters(model) -> float:
     return float(model.layers) * (attention + mlp) + 2.0 * model.vocab * h
 
 
+def trace_estimate(workload) -> dict[str, float]:
+    """What tracing the workload would cost: roles (one per pipeline stage: the tracer's
+    representatives), ops each role records, host memory of one tracing process, hours on one core."""
+    p = workload.parallel
+    roles = float(p.pp)
+    ops = float(workload.model.layers) / p.pp * TRACE_OPS_PER_LAYER + TRACE_OPS_PER_LAYER  # + embedding, head, optimizer
+    return {"roles": roles, "ops_per_role": ops,
+            "worker_gib": TRACE_WORKER_BASE_GIB + ops * TRACE_BYTES_PER_OP / 2**30,
+            "hours": roles * (TRACE_SECONDS_PER_ROLE + ops * TRACE_SECONDS_PER_OP) / 3600}
+
+
 def cost_problems(workload) -> list[tuple[str, str]]:
     """(key, reason with the estimate) for each limit the workload exceeds."""
     m, p = workload.model, workload.parallel
@@ -62,6 +97,15 @@ def cost_problems(workload) -> list[tuple[str, str]]:
         out.append(("model.layers" if m.layers > 1000 else "model.hidden",
                     f"the model has about {params:.3g} parameters (limit {limit('MAX_PARAMETERS'):.3g}, "
                     "ECHO_MAX_PARAMETERS raises it)"))
+    cost = trace_estimate(workload)
+    if per_role <= limit("MAX_LAYERS_PER_ROLE") and cost["worker_gib"] > limit("MAX_TRACE_WORKER_GIB"):
+        out.append(("model.layers", f"tracing one role would record about {cost['ops_per_role']:,.0f} ops in "
+                    f"{cost['worker_gib']:,.1f} GiB of host memory (limit {limit('MAX_TRACE_WORKER_GIB'):g} GiB, "
+                    "ECHO_MAX_TRACE_WORKER_GIB raises it)"))
+    if cost["hours"] > limit("MAX_TRACE_HOURS"):
+        out.append(("parallel.pp", f"tracing {cost['roles']:,.0f} roles of about {cost['ops_per_role']:,.0f} ops "
+                    f"would take about {cost['hours']:,.1f} h on one core (limit {limit('MAX_TRACE_HOURS'):g} h, "
+                    "ECHO_MAX_TRACE_HOURS raises it)"))
     if workload.world_size > limit("MAX_WORLD"):
         out.append(("parallel", f"a world of {workload.world_size:,} ranks (limit {limit('MAX_WORLD'):,.0f}, "
                     "ECHO_MAX_WORLD raises it)"))

@@ -95,9 +95,9 @@ class Slowdown:
 
 def read_measured(path: Path) -> Slowdown:
     """The overlap rule's measurement of this machine."""
-    import pyarrow.parquet as pq
+    from echo.io import read_parquet
 
-    rows = pq.ParquetFile(path).read().to_pylist()
+    rows = read_parquet(path).to_pylist()
     factors = {r["op_class"]: max(0.0, float(r["slowdown"])) for r in rows}
     if not factors:
         raise ValueError(f"{path}: no measured slowdown rows")

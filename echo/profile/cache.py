@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
+import logging
 import os
 import platform
 import time
@@ -24,7 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from echo.errors import ArtifactError
 from echo.io import read_parquet, write_json, write_parquet
+
+log = logging.getLogger(__name__)
 
 FILE = "cpu_kernels.parquet"
 INLOOP_FILE = "cpu_kernels_inloop.parquet"
@@ -58,7 +62,7 @@ def load(cache_dir: Path, threads: int, method: str, file: str = FILE) -> dict[s
     path = Path(cache_dir) / file
     if not path.is_file():
         return {}
-    t = _complete(read_parquet(path))
+    t = _read(path)
     mask = pc.and_(pc.and_(pc.equal(t["threads"], threads), pc.equal(t["cpu"], cpu_model())),
                    pc.and_(pc.equal(t["torch"], torch.__version__), pc.equal(t["method"], method)))
     t = t.filter(mask)
@@ -76,8 +80,18 @@ def store(cache_dir: Path, new: dict[str, tuple[str, float]], threads: int, meth
     }, schema=SCHEMA)
     with locked(path):
         if path.is_file():
-            rows = pa.concat_tables([_others(_complete(read_parquet(path)), rows), rows])
+            rows = pa.concat_tables([_others(_read(path), rows), rows])
         write_parquet(rows, path, SCHEMA)
+
+
+def _read(path: Path) -> pa.Table:
+    """The cache file's rows; a damaged one (or one from an Echo that wrote no contract) is only
+    a cache: its timings are dropped, with a warning, and measured again."""
+    try:
+        return _complete(read_parquet(path))
+    except ArtifactError as e:
+        log.warning("profile cache dropped: %s", e)
+        return SCHEMA.empty_table()
 
 
 def _complete(t: pa.Table) -> pa.Table:

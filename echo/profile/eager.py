@@ -104,9 +104,10 @@ def measure() -> dict:
     with tempfile.TemporaryDirectory(prefix="echo-eager-") as tmp:
         trace_dir = Path(tmp) / "trace"
         _child(["trace", str(trace_dir)])
-        import pyarrow.parquet as pq
+        from echo.artifacts import OPS
+        from echo.io import read_parquet
 
-        ops = [o for o in pq.read_table(trace_dir / "ops.parquet").to_pylist()
+        ops = [o for o in read_parquet(trace_dir / "ops.parquet", OPS).to_pylist()
                if o["kind"] in inloop.REPLAYED_KINDS and o["phase"] in ("forward", "backward")]
         tries = []
         for _ in range(ATTEMPTS):

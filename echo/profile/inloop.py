@@ -133,11 +133,12 @@ def replay_in_processes(trace_dir, wanted: set[str], processes: int = PROCESSES)
 
 
 def _main(trace_dir: str, wanted_json: str, out_json: str) -> None:
-    import pyarrow.parquet as pq
+    from echo.artifacts import DEPS, OPS
+    from echo.io import read_parquet
 
-    ops = pq.read_table(os.path.join(trace_dir, "ops.parquet")).to_pylist()
+    ops = read_parquet(os.path.join(trace_dir, "ops.parquet"), OPS).to_pylist()
     deps_path = os.path.join(trace_dir, "deps.parquet")
-    deps = pq.read_table(deps_path).to_pylist() if os.path.isfile(deps_path) else []
+    deps = read_parquet(deps_path, DEPS).to_pylist() if os.path.isfile(deps_path) else []
     with open(wanted_json) as fh:
         wanted = set(json.load(fh))
     times = replay_times(ops, deps, wanted)

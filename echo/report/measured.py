@@ -20,7 +20,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import pyarrow.parquet as pq
+from echo.io import read_parquet
 
 log = logging.getLogger(__name__)
 LOCAL_HARDWARE = "local-cpu"
@@ -35,7 +35,7 @@ def measurement_points(paths: Sequence[Path | str], summaries: Sequence[dict]) -
     """[{label, predicted_s, measured_s, source}] from the measurement files and the summaries."""
     points: list[dict] = []
     for path in paths:
-        table = pq.read_table(path)
+        table = read_parquet(path)
         cols = set(table.column_names)
         rows = table.to_pylist()
         if {"predicted_step_time_s", "measured_step_time_s"} <= cols:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from echo.artifacts import SCHEDULE, SUMMARY, TIMELINE
-from echo.io import atomic_path, write_parquet
+from echo.artifacts import COMMS, DEPS, KERNELS, OPS, RANK_CLASSES, SCHEDULE, SUMMARY, TIMELINE, TRACED_RANKS
+from echo.config.limits import limit
+from echo.io import atomic_path, read_parquet, write_parquet
 from echo.network.model import CollectiveCosts, NetworkModel
 from echo.overlap.table import Slowdown, slowdown_table
 from echo.simulate import variability
@@ -36,24 +36,18 @@ from echo.simulate.summary import ClassInfo, summary_table
 from echo.training.schedule import TIMED, orders_of
 
 MODES = ("symmetric", "full")
-FULL_MODE_MAX_RANKS = 4096  # full mode replays every rank: beyond this it takes minutes to hours
 
 log = logging.getLogger(__name__)
 
-
-def read_parquet_file(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """One Parquet file (pq.ParquetFile: unlike pq.read_table it does not import pyarrow.dataset
-    and pandas, a second or more of the stage's wall time)."""
-    return pq.ParquetFile(path).read(columns=columns)
 
 OPS_COLUMNS = ["rank", "seq", "name", "op_class", "kind", "phase", "chunk", "stream", "flops", "kernel_key",
                "comm_id", "shapes", "dtype"]
 COMMS_COLUMNS = ["rank", "comm_id", "op", "group", "bytes", "group_kind", "blocking", "peer"]
 
 
-def _rows_by_rank(path: Path, columns: list[str], ranks: set[int]) -> dict[int, list[dict]]:
+def _rows_by_rank(path: Path, schema: pa.Schema, columns: list[str], ranks: set[int]) -> dict[int, list[dict]]:
     """Rows of the given ranks only: other traced ranks are verification re-traces, not classes."""
-    table = read_parquet_file(path, columns=columns)
+    table = read_parquet(path, schema, columns=columns)
     table = table.filter(pc.is_in(table["rank"], pa.array(sorted(ranks), pa.int32())))
     out: dict[int, list[dict]] = {r: [] for r in ranks}
     for row in table.to_pylist():
@@ -74,7 +68,7 @@ def _deps(trace_dir: Path, ranks: set[int], ops: Mapping[int, list[dict]],
     async_seqs = {r: {o["seq"] for o in rows if o["kind"] == "collective"
                       and not comms[r][o["comm_id"]]["blocking"]} for r, rows in ops.items()}
     backward = {r: {o["seq"] for o in rows if o["phase"] in ("backward", "recompute")} for r, rows in ops.items()}
-    for d in _rows_by_rank(path, ["rank", "src", "dst", "kind"], ranks).values():
+    for d in _rows_by_rank(path, DEPS, ["rank", "src", "dst", "kind"], ranks).values():
         for edge in d:
             r, src = edge["rank"], edge["src"]
             if src in async_seqs[r]:
@@ -87,7 +81,7 @@ def _deps(trace_dir: Path, ranks: set[int], ops: Mapping[int, list[dict]],
 def _class_table(rank_classes_path: Path) -> list[dict]:
     """One row per class: representative, the pipeline stages it covers, its rank count. A class
     may span stages: the middle stages of a pipeline run the same graph up to rank labels."""
-    rc = read_parquet_file(rank_classes_path, columns=["rank", "class_id", "representative", "pp_rank"])
+    rc = read_parquet(rank_classes_path, RANK_CLASSES, columns=["rank", "class_id", "representative", "pp_rank"])
     rows = rc.group_by(["class_id", "pp_rank"]).aggregate([("representative", "min"), ("representative", "max"),
                                                            ("rank", "count")]).to_pylist()
     out: dict[int, dict] = {}
@@ -110,10 +104,10 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, ctx: OpCont
     if total != workload.world_size:
         raise ValueError(f"{rank_classes_path}: {total} ranks, but the workload's world size is {workload.world_size}")
     reps = {c["representative"] for c in table}
-    ops = _rows_by_rank(trace_dir / "ops.parquet", OPS_COLUMNS, reps)
+    ops = _rows_by_rank(trace_dir / "ops.parquet", OPS, OPS_COLUMNS, reps)
     comms = {r: {c["comm_id"]: c for c in rows}
-             for r, rows in _rows_by_rank(trace_dir / "comms.parquet", COMMS_COLUMNS, reps).items()}
-    memory = {r["rank"]: r for r in read_parquet_file(trace_dir / "ranks.parquet").to_pylist()}
+             for r, rows in _rows_by_rank(trace_dir / "comms.parquet", COMMS, COMMS_COLUMNS, reps).items()}
+    memory = {r["rank"]: r for r in read_parquet(trace_dir / "ranks.parquet", TRACED_RANKS).to_pylist()}
     waits, consumers = _deps(trace_dir, reps, ops, comms)
     out = []
     for c in table:
@@ -198,14 +192,14 @@ def _heterogeneous(costs: list[RankCosts], stage_kernels: Mapping[int, Sequence[
 
 
 def load_kernels(kernels_path: Path) -> dict[str, float]:
-    t = read_parquet_file(kernels_path, columns=["kernel_key", "duration_us"])
+    t = read_parquet(kernels_path, KERNELS, columns=["kernel_key", "duration_us"])
     return dict(zip(t["kernel_key"].to_pylist(), t["duration_us"].to_pylist(), strict=True))
 
 
 def read_mesh(rank_classes_path: Path) -> tuple[Relabel, dict[str, list]]:
     """The job's mesh and rank_classes' columns (rank, class_id and the coordinates)."""
-    cols = read_parquet_file(rank_classes_path, columns=["rank", "class_id", "pp_rank", "dp_rank", "cp_rank",
-                                                     "tp_rank"]).to_pydict()
+    cols = read_parquet(rank_classes_path, RANK_CLASSES, columns=["rank", "class_id", "pp_rank", "dp_rank",
+                                                                   "cp_rank", "tp_rank"]).to_pydict()
     return Relabel.from_columns(cols), cols
 
 
@@ -254,9 +248,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
     if compute_scale and mode != "full":
         raise ValueError("compute_scale (per-rank kernel factors) needs mode='full'")
-    if mode == "full" and workload.world_size > FULL_MODE_MAX_RANKS:
+    if mode == "full" and workload.world_size > limit("MAX_FULL_MODE_RANKS"):  # the workflow refuses it earlier
         raise ValueError(f"{workload.name}: full mode replays every rank; {workload.world_size} ranks is more than "
-                         f"{FULL_MODE_MAX_RANKS} (use symmetric mode)")
+                         f"{limit('MAX_FULL_MODE_RANKS'):.0f} (use symmetric mode, or raise ECHO_MAX_FULL_MODE_RANKS)")
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
     if network is None:  # the calibrate stage's model
         network = NetworkModel.load(Path(calib_dir) / "network.json")
@@ -309,7 +303,7 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
             stage_classes.setdefault(s, []).append(c.class_id)
     if not summary_only:
         write_parquet(timeline_table(result, stage_classes, rank_class), out_dir / "timeline.parquet", TIMELINE)
-        comms = read_parquet_file(trace_dir / "comms.parquet", ["rank", "op", "phase", "chunk", "peer", "bytes"])
+        comms = read_parquet(trace_dir / "comms.parquet", COMMS, ["rank", "op", "phase", "chunk", "peer", "bytes"])
         write_parquet(schedule_table(workload, comms, orders), out_dir / "schedule.parquet", SCHEDULE)
         trace = chrome_trace(result, stage_classes, rank_class,
                              {"workload": workload.name, "hardware": hardware.name, "topology": topology.name,

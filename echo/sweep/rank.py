@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from echo.artifacts import SUMMARY
+from echo.io import read_parquet
 from echo.sweep.spec import AXES, Expansion, split_name
 
 
@@ -74,7 +75,7 @@ def ranking_table(layouts: pa.Table, summaries: Sequence[Path | str]) -> pa.Tabl
     kept = {r["layout"]: r for r in layouts.to_pylist() if r["kept"]}
     rows = []
     for path in summaries:
-        row = pq.read_table(path).to_pylist()[0]
+        row = read_parquet(path, SUMMARY).to_pylist()[0]
         layout = kept[row["workload"]]
         rows.append({"layout": layout["layout"], "tokens": layout["tokens"], "hardware": row["hardware"],
                      "topology": row["topology"], **{a: layout[a] for a in AXES},

@@ -85,9 +85,9 @@ class _Partial:
             shutil.rmtree(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "key.json").write_text(key)
-        import pyarrow.parquet as pq
+        from echo.io import read_parquet
 
-        self.rows = [r for p in sorted(self.folder.glob("rows-*.parquet")) for r in pq.read_table(p).to_pylist()]
+        self.rows = [r for p in sorted(self.folder.glob("rows-*.parquet")) for r in read_parquet(p).to_pylist()]
         self.pending: list[dict] = []
 
     @property

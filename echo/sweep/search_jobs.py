@@ -103,11 +103,9 @@ def _evaluate(i: int) -> list[dict]:
     """Compose, group, cost and simulate kept layout ``i`` on every topology (in a worker)."""
     import warnings
 
-    import pyarrow.parquet as pq
-
-    from echo.artifacts import RANK_CLASSES
+    from echo.artifacts import RANK_CLASSES, TRACED_RANKS
     from echo.dedup import rank_classes
-    from echo.io import write_parquet
+    from echo.io import read_parquet, write_parquet
     from echo.profile import run_profile
     from echo.simulate import run_simulate
     from echo.trace import run_trace
@@ -123,7 +121,7 @@ def _evaluate(i: int) -> list[dict]:
             run_trace(w, tmp / "trace")  # every role, a worker process each, over this process's cores
         else:
             compose_trace(w, tmp / "trace", s["cache"])
-        write_parquet(rank_classes(w, pq.read_table(tmp / "trace" / "ranks.parquet")), tmp / "classes.parquet",
+        write_parquet(rank_classes(w, read_parquet(tmp / "trace" / "ranks.parquet", TRACED_RANKS)), tmp / "classes.parquet",
                       RANK_CLASSES)
         run_profile(s["hardware"], tmp / "trace", tmp / "kernels.parquet")
         rows = []

@@ -34,10 +34,9 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from echo.artifacts import COMMS, DEPS, OPS, TRACED_RANKS
-from echo.io import atomic_path, write_json, write_parquet
+from echo.io import atomic_path, read_parquet, write_json, write_parquet
 from echo.trace import chakra_schema as cs
 from echo.trace.chakra_schema import COLLECTIVE_TYPE, NODE_TYPE, ChakraError, attr, attr_value
 from echo.trace.hashing import kernel_key
@@ -57,7 +56,7 @@ _RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
 def export_trace(trace_dir: Path, out_dir: Path, workload: str, rank_classes: Path | None = None,
                  durations_us: dict[str, float] | None = None) -> dict:
     """Write every traced rank of ``trace_dir`` as a Chakra ET file under ``out_dir``; the manifest."""
-    tables = {name: pq.read_table(Path(trace_dir) / f"{name}.parquet") for name in _TABLES}
+    tables = {name: read_parquet(Path(trace_dir) / f"{name}.parquet") for name in _TABLES}
     groups: dict[tuple[int, ...], str] = {}
     files = {}
     for rank_row in tables["ranks"].to_pylist():
@@ -76,7 +75,7 @@ def export_trace(trace_dir: Path, out_dir: Path, workload: str, rank_classes: Pa
     manifest = {"schema": f"chakra-et {cs.SCHEMA_VERSION}", "workload": workload, "files": files,
                 "comm_groups": COMM_GROUPS, "costed": bool(durations_us)}
     if rank_classes is not None and Path(rank_classes).is_file():
-        rc = pq.read_table(rank_classes)
+        rc = read_parquet(rank_classes)
         manifest["rank_files"] = {str(r): files[str(rep)] for r, rep in
                                   zip(rc["rank"].to_pylist(), rc["representative"].to_pylist(), strict=True)}
     write_json(manifest, Path(out_dir) / MANIFEST)

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.parquet as pq
+from echo.io import read_parquet
 
 
 def _profile(trace_dir: Path) -> dict[str, Counter]:
-    roles = {r["rank"]: r["role"] for r in pq.read_table(trace_dir / "ranks.parquet").to_pylist()}
+    roles = {r["rank"]: r["role"] for r in read_parquet(trace_dir / "ranks.parquet").to_pylist()}
     out: dict[str, Counter] = {}
-    for r in pq.read_table(trace_dir / "ops.parquet", columns=["rank", "name", "phase", "shapes"]).to_pylist():
+    for r in read_parquet(trace_dir / "ops.parquet", columns=["rank", "name", "phase", "shapes"]).to_pylist():
         out.setdefault(roles[r["rank"]], Counter())[("op", r["phase"], r["name"], r["shapes"])] += 1
-    comms = pq.read_table(trace_dir / "comms.parquet",
+    comms = read_parquet(trace_dir / "comms.parquet",
                           columns=["rank", "op", "group_kind", "group_size", "phase", "bytes"]).to_pylist()
     for r in comms:
         key = ("collective", r["phase"], f'{r["op"]} {r["group_kind"]}{r["group_size"]}', str(r["bytes"]))

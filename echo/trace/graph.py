@@ -11,16 +11,16 @@ from pathlib import Path
 
 import networkx as nx
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from echo.io import atomic_path
+from echo.artifacts import RANK_CLASSES
+from echo.io import atomic_path, read_parquet
 
 _NODE_COLUMNS = ("name", "op_class", "kind", "phase", "chunk", "stream", "shapes", "dtype", "flops", "bytes")
 
 
 def class_graph(trace_dir: Path, rank_classes: Path, class_id: int) -> nx.DiGraph:
     """The graph of ``class_id``'s representative rank."""
-    classes = pq.read_table(rank_classes)
+    classes = read_parquet(rank_classes, RANK_CLASSES)
     reps = classes.filter(pc.equal(classes["class_id"], class_id))["representative"].to_pylist()
     if not reps:
         known = sorted(set(classes["class_id"].to_pylist()))
@@ -68,5 +68,5 @@ def _dot(g: nx.DiGraph) -> str:
 
 
 def _rows(path: Path, rank: int) -> list[dict]:
-    t = pq.read_table(path)
+    t = read_parquet(path)
     return t.filter(pc.equal(t["rank"], rank)).to_pylist()

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from echo import launch
 from echo.artifacts import COMMS, DEPS, OPS, TRACED_RANKS
+from echo.config.limits import trace_estimate
 from echo.config.workload import Workload
 from echo.io import write_parquet
 from echo.training.layout import Layout
@@ -75,7 +76,10 @@ def run_trace(workload: Workload, out_dir: Path) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     reps = Layout(workload.parallel).representatives()
-    log.info("tracing %d roles of %s (world size %d)", len(reps), workload.name, workload.world_size)
+    cost = trace_estimate(workload)  # the cost guard's bound, checked when the config loaded
+    log.info("tracing %d roles of %s (world size %d): at most about %.0f ops a role, %.1f GiB a tracing "
+             "process, %.2f h on one core", len(reps), workload.name, workload.world_size, cost["ops_per_role"],
+             cost["worker_gib"], cost["hours"] * len(reps) / cost["roles"])
     tables = trace_ranks(workload, sorted(reps.values()), out_dir)
     for name, schema in TABLES.items():
         write_parquet(tables[name], out_dir / f"{name}.parquet", schema)

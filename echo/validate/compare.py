@@ -25,9 +25,9 @@ import statistics
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from echo.io import write_parquet
+from echo.artifacts import SUMMARY, TIMELINE
+from echo.io import read_parquet, write_parquet
 
 COMPARE = pa.schema([
     ("workload", pa.string()),
@@ -121,12 +121,12 @@ def compare_table(summary: dict, timeline: pa.Table, measured: pa.Table, phases:
 def run_compare(measured_dir: Path, simulate_dir: Path, out_path: Path) -> pa.Table:
     """Write ``out_path`` (COMPARE) from a measure stage folder and a simulate stage folder."""
     measured_dir, simulate_dir = Path(measured_dir), Path(simulate_dir)
-    summary = pq.read_table(simulate_dir / "summary.parquet").to_pylist()[0]
-    measured = pq.read_table(measured_dir / "measured.parquet")
+    summary = read_parquet(simulate_dir / "summary.parquet", SUMMARY).to_pylist()[0]
+    measured = read_parquet(measured_dir / "measured.parquet")
     if measured["workload"][0].as_py() != summary["workload"]:
         raise ValueError(f"compare: {measured_dir} measured {measured['workload'][0]}, "
                          f"{simulate_dir} simulated {summary['workload']}")
-    table = compare_table(summary, pq.read_table(simulate_dir / "timeline.parquet"), measured,
-                          pq.read_table(measured_dir / "phases.parquet"))
+    table = compare_table(summary, read_parquet(simulate_dir / "timeline.parquet", TIMELINE), measured,
+                          read_parquet(measured_dir / "phases.parquet"))
     write_parquet(table, out_path, COMPARE)
     return table

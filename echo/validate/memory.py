@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from echo.config.loader import load_workload, parse_workload
 from echo.config.workload import Workload
-from echo.io import write_parquet
+from echo.io import read_parquet, write_parquet
 from echo.reference import reference_file
 from echo.simulate.stage import communicators
 from echo.simulate.summary import CUBLAS_WORKSPACE_BYTES, GIB, MemoryBreakdown, rank_breakdown
@@ -131,7 +130,7 @@ def trace_tables(w: Workload, cache: Path | None = CACHE / "traces", jobs: int |
     check_traceable(w)
     path = cache / _trace_key(w) if cache is not None else None  # workloads that trace alike share it
     if path is not None and (path / "ranks.parquet").is_file():
-        return {n: pq.read_table(path / f"{n}.parquet").to_pylist() for n in ("ranks", "comms")}
+        return {n: read_parquet(path / f"{n}.parquet").to_pylist() for n in ("ranks", "comms")}
     reps = Layout(w.parallel).representatives()
     ranks = [reps[f"pp{s}"] for s in traced_stages(w.parallel.pp)]
     import tempfile

@@ -321,9 +321,9 @@ def plot_error_by_layout(table: pa.Table, workloads_dir: Path, path: Path) -> li
 
 def run_validate(rows: list[Row], summary_paths: dict[str, Path], out_path: Path, plot_path: Path) -> pa.Table:
     """published.parquet and its plot from the simulated summaries of the rows' workloads."""
-    import pyarrow.parquet as pq
+    from echo.io import read_parquet
 
-    summaries = {name: pq.read_table(p).to_pylist()[0] for name, p in summary_paths.items()}
+    summaries = {name: read_parquet(p).to_pylist()[0] for name, p in summary_paths.items()}
     table = published_table(rows, summaries)
     write_parquet(table, out_path, PUBLISHED)
     plot_published(table, plot_path)

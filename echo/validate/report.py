@@ -11,9 +11,8 @@ import statistics
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from echo.io import atomic_path, write_parquet
+from echo.io import atomic_path, read_parquet, write_parquet
 from echo.validate.published import table_errors
 
 LOCAL = pa.schema([
@@ -58,10 +57,10 @@ def local_row(compare: pa.Table, measured: pa.Table) -> dict:
 
 
 def run_local(compare_paths: list[Path], measured_paths: list[Path], out_path: Path) -> pa.Table:
-    measured = {pq.read_table(p)["workload"][0].as_py(): pq.read_table(p) for p in measured_paths}
+    measured = {read_parquet(p)["workload"][0].as_py(): read_parquet(p) for p in measured_paths}
     rows = []
     for path in compare_paths:
-        compare = pq.read_table(path)
+        compare = read_parquet(path)
         rows.append(local_row(compare, measured[compare["workload"][0].as_py()]))
     table = pa.Table.from_pylist(rows, schema=LOCAL)
     write_parquet(table, out_path, LOCAL)
@@ -172,11 +171,11 @@ def rankings_markdown(table: pa.Table) -> str:
 
 def run_errors(local_path: Path, published_path: Path, out_path: Path) -> str:
     text = ("### Real runs on this machine (local-cpu / local-gloo)\n\n"
-            + local_markdown(pq.read_table(local_path))
+            + local_markdown(read_parquet(local_path))
             + "\n\n### Published measurements\n\n"
-            + published_markdown(pq.read_table(published_path)) + "\n"
+            + published_markdown(read_parquet(published_path)) + "\n"
             + "\n### Ranking fidelity (does Echo order a model's layouts as the measurements do?)\n\n"
-            + rankings_markdown(pq.read_table(published_path)))
+            + rankings_markdown(read_parquet(published_path)))
     with atomic_path(out_path) as tmp:
         tmp.write_text(text)
     return text

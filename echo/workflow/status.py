@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from echo.errors import ArtifactError
+from echo.io import read_parquet
 from echo.workflow.params import CONFIG_PARAMS
 from echo.workflow.versions import RULE_STAGE, STAGE_MODULES, code_version
 
@@ -74,6 +76,23 @@ def parse_summary(text: str) -> list[dict[str, str]]:
         return []
     head = lines[0].split("\t")
     return [dict(zip(head, ln.split("\t"), strict=False)) for ln in lines[1:]]
+
+
+def damaged(rows: Sequence[dict[str, str]], workdir: Path) -> list[str]:
+    """'path: what is wrong; snakemake --forcerun RULE' for each existing Parquet output of the
+    summary that fails its checks (echo.io.read_parquet: footer, contract, page checksums).
+    Snakemake takes such a file as done: only reading it tells."""
+    out = []
+    for r in rows:
+        name = r.get("output_file", "")
+        path = workdir / name
+        if not name.endswith(".parquet") or not path.is_file():
+            continue
+        try:
+            read_parquet(path)
+        except ArtifactError as e:
+            out.append(f"{name}: {e.problem}; snakemake --forcerun {r.get('rule') or '?'}")
+    return out
 
 
 def metadata_path(workdir: Path, output: str) -> Path:
@@ -183,9 +202,14 @@ def status(targets: Sequence[str] = (), workdir: Path | str = ".", config_dir: P
     cached = Counter(rule for rule, _ in done)
     lines.append(f"  cached: {len(done)} jobs up to date"
                  + (f" ({', '.join(f'{rule} {n}' for rule, n in sorted(cached.items()))})" if cached else ""))
+    code = 0
+    if bad := damaged([r for r in rows if r.get("output_file") not in planned], workdir):  # the rest re-run anyway
+        code = 1  # a script that asks for status learns that outputs need rebuilding
+        lines.append(f"  damaged: {len(bad)} artifacts fail their checks (Snakemake takes them as done):")
+        lines.extend(f"    {b}" for b in bad)
     if not running:
-        lines.append("  nothing to do: every requested output is up to date")
-        return 0, "\n".join(lines)
+        lines.append("  nothing to do: every requested output is up to date" + (" (but see damaged)" if bad else ""))
+        return code, "\n".join(lines)
     lines.append(f"  would run {len(running)} jobs ({', '.join(f'{r} {n}' for r, n in Counter(j.rule for j in running).items())}):")
     width = max(len(j.rule) for j in running)
     running.sort(key=lambda j: (ORDER.index(j.rule) if j.rule in ORDER else len(ORDER), j.rule, j.label))
@@ -196,4 +220,4 @@ def status(targets: Sequence[str] = (), workdir: Path | str = ".", config_dir: P
         lines.append(f"    {'':<{width}}    why: {short_reason(j)}")
         for change in j.changes:
             lines.append(f"    {'':<{width}}      changed {change}")
-    return 0, "\n".join(lines)
+    return code, "\n".join(lines)

@@ -24,6 +24,7 @@ from echo.workflow.params import (
     search_template_params,
     search_templates,
     shared_trace_files,
+    simulate_mode_checked,
     sweep_checked,
     sweep_params,
     sweep_summaries,

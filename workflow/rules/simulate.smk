@@ -12,6 +12,7 @@
 rule simulate:
     input:
         validated("workload", "hardware", "placement"),
+        simulate_mode_checked(SETTINGS.simulate.mode),
         **paths.trace_tables(),
         rank_classes=paths.DEDUP("rank_classes.parquet"),
         kernels=paths.PROFILE("kernels.parquet"),
