@@ -207,3 +207,44 @@ def test_a_killed_measure_job_reruns_to_complete_outputs(tiny_run: Path, tmp_pat
     second = snakemake(wf, "--cores", "2", target)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
     assert all(read_parquet(wf / out).num_rows > 0 for out in outputs)
+
+
+def test_a_killed_snakemake_resumes_after_unlock(tiny_run: Path, tmp_path: Path) -> None:
+    """Snakemake itself SIGKILLed with its jobs (a node lost under the whole run): its lock stays,
+    so the same command is refused naming --unlock; after `snakemake --unlock` it runs again and
+    ends with the uninterrupted run's outputs (the profile's rerun-incomplete re-runs a job whose
+    outputs were half written when the run died)."""
+    wf = tmp_path / "wf"
+    shutil.copytree(tiny_run, wf, symlinks=True)
+    for stage in ["trace", *DOWNSTREAM["trace"]]:
+        for out in OUTPUTS[stage]:
+            (wf / out).unlink()
+    holder: dict = {}
+    runner = threading.Thread(target=lambda: holder.setdefault("proc", snakemake(wf, "--cores", "2", TARGET)))
+    runner.start()
+    root = None
+    while root is None and runner.is_alive():
+        root = next((p for p in psutil.Process().children() if "snakemake" in " ".join(p.cmdline())), None)
+        time.sleep(0.005)
+    assert root is not None
+    watcher = Watcher(root, ".trace.py", 0.0)
+    deadline = time.monotonic() + 600
+    while watcher.find() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.5 * benchmark_seconds(wf, "trace"))
+    tree = [root, *root.children(recursive=True)]  # the whole run at once, master first
+    assert any(".trace.py" in " ".join(p.cmdline()) for p in tree if p.is_running())
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    runner.join()
+    again = snakemake(wf, "--cores", "2", TARGET)
+    assert again.returncode != 0 and "--unlock" in again.stdout + again.stderr
+    assert snakemake(wf, "--unlock").returncode == 0
+    final = snakemake(wf, "--cores", "2", TARGET)
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-5000:]
+    for stage in OUTPUTS:
+        for out in OUTPUTS[stage]:
+            assert same(wf / out, tiny_run / out), out
