@@ -63,9 +63,9 @@ def _kind(t: pa.DataType) -> str:
     return str(t)
 
 
-def _contract(schema: pa.Schema) -> bytes:
-    """A schema's columns and types, as the footer records them."""
-    return json.dumps([[f.name, _kind(f.type)] for f in schema]).encode()
+def _columns(schema: pa.Schema) -> list[list[str]]:
+    """A schema's contract: [column, type] in order."""
+    return [[f.name, _kind(f.type)] for f in schema]
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike, schema: pa.Schema | None = None) -> None:
@@ -79,7 +79,7 @@ def write_parquet(table: pa.Table, path: str | os.PathLike, schema: pa.Schema | 
         table = table.select(schema.names + extra).cast(
             pa.schema(list(schema) + [table.schema.field(c) for c in extra])
         )
-    contract = _contract(schema if schema is not None else table.schema)
+    contract = json.dumps(_columns(schema if schema is not None else table.schema)).encode()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), CONTRACT_KEY: contract})
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, write_page_checksum=True)
@@ -116,7 +116,7 @@ def check_parquet(path: str | os.PathLike, schema: pa.Schema | None = None) -> p
     except ValueError:
         raise ArtifactError(path, "its recorded contract is damaged", rule_hint(path)) from None
     if schema is not None:
-        contracts.append(("the contract its reader expects", json.loads(_contract(schema))))
+        contracts.append(("the contract its reader expects", _columns(schema)))
     for which, contract in contracts:
         if (problem := _mismatch(found, contract)) is not None:
             raise ArtifactError(path, f"does not match {which}: {problem}", rule_hint(path))

@@ -112,28 +112,33 @@ def benchmark_seconds(wf: Path, stage: str) -> float:
         return float(next(csv.DictReader(fh, delimiter="\t"))["s"])
 
 
-def run_with_kill(wf: Path, case: Case, delay: float) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """The same command as a plain run, with the victim killed ``delay`` s after it started."""
-    pattern = "echo.trace.worker" if case.victim == "worker" else f".{case.stage}.py"
-    holder: dict = {}
+class Run:
+    """`snakemake --cores 2 TARGET` in ``wf``, started in a thread; ``root`` is its process."""
 
-    def start() -> None:
-        holder["proc"] = snakemake(wf, "--cores", "2", TARGET)
+    def __init__(self, wf: Path, target: str):
+        self._done: dict = {}
+        self._thread = threading.Thread(
+            target=lambda: self._done.setdefault("proc", snakemake(wf, "--cores", "2", target)))
+        self._thread.start()
+        self.root: psutil.Process | None = None
+        while self.root is None and self._thread.is_alive():  # snakemake() starts it; find it among ours
+            self.root = next((p for p in psutil.Process().children() if "snakemake" in " ".join(p.cmdline())),
+                             None)
+            time.sleep(0.005)
 
-    runner = threading.Thread(target=start)
-    runner.start()
-    root = None
-    for _ in range(2000):  # snakemake() starts the process; find it among ours
-        kids = [p for p in psutil.Process().children() if "snakemake" in " ".join(p.cmdline())]
-        if kids:
-            root = kids[0]
-            break
-        time.sleep(0.005)
-    watcher = Watcher(root, pattern, delay) if root else None
+    def wait(self) -> subprocess.CompletedProcess:
+        self._thread.join()
+        return self._done["proc"]
+
+
+def run_with_kill(wf: Path, target: str, pattern: str, delay: float) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The same command as a plain run, with the process matching ``pattern`` (and what it
+    started) killed ``delay`` s after it started."""
+    run = Run(wf, target)
+    watcher = Watcher(run.root, pattern, delay) if run.root else None
     if watcher:
         watcher.run(time.monotonic() + 600)
-    runner.join()
-    return holder["proc"], (watcher.killed if watcher else [])
+    return run.wait(), (watcher.killed if watcher else [])
 
 
 def same(a: Path, b: Path) -> bool:
@@ -155,7 +160,8 @@ def test_a_killed_job_resumes_to_the_same_outputs(tiny_run: Path, tmp_path: Path
         for stage in [case.stage, *DOWNSTREAM[case.stage]]:
             for out in OUTPUTS[stage]:
                 (wf / out).unlink()
-        first, killed = run_with_kill(wf, case, fraction * benchmark_seconds(wf, case.stage))
+        pattern = "echo.trace.worker" if case.victim == "worker" else f".{case.stage}.py"
+        first, killed = run_with_kill(wf, TARGET, pattern, fraction * benchmark_seconds(wf, case.stage))
         if killed:
             break
         fraction /= 4
@@ -183,25 +189,13 @@ def test_a_killed_measure_job_reruns_to_complete_outputs(tiny_run: Path, tmp_pat
     shutil.copytree(tiny_run, wf, symlinks=True)
     target = paths.MEASURE("measured.parquet", workload="tiny-dp2")
     outputs = [paths.MEASURE(f"{name}.parquet", workload="tiny-dp2") for name in ("measured", "phases", "events")]
-    killed: list[str] = []
     for delay in (3.0, 1.0, 0.3):  # seconds after the job's script starts
-        holder: dict = {}
-        runner = threading.Thread(target=lambda h=holder: h.setdefault("proc", snakemake(wf, "--cores", "2", target)))
-        runner.start()
-        root = None
-        while root is None and runner.is_alive():
-            root = next((p for p in psutil.Process().children() if "snakemake" in " ".join(p.cmdline())), None)
-            time.sleep(0.005)
-        watcher = Watcher(root, ".measure.py", delay) if root else None
-        if watcher:
-            watcher.run(time.monotonic() + 600)
-            killed = watcher.killed
-        runner.join()
+        first, killed = run_with_kill(wf, target, ".measure.py", delay)
         if killed:
             break
         for out in outputs:  # it finished first: undo, and kill earlier
             (wf / out).unlink(missing_ok=True)
-    assert killed and holder["proc"].returncode != 0
+    assert killed and first.returncode != 0
     for out in outputs:
         assert not (wf / out).exists() or read_parquet(wf / out).num_rows >= 0
     second = snakemake(wf, "--cores", "2", target)
@@ -219,14 +213,8 @@ def test_a_killed_snakemake_resumes_after_unlock(tiny_run: Path, tmp_path: Path)
     for stage in ["trace", *DOWNSTREAM["trace"]]:
         for out in OUTPUTS[stage]:
             (wf / out).unlink()
-    holder: dict = {}
-    runner = threading.Thread(target=lambda: holder.setdefault("proc", snakemake(wf, "--cores", "2", TARGET)))
-    runner.start()
-    root = None
-    while root is None and runner.is_alive():
-        root = next((p for p in psutil.Process().children() if "snakemake" in " ".join(p.cmdline())), None)
-        time.sleep(0.005)
-    assert root is not None
+    run = Run(wf, TARGET)
+    root = run.root
     watcher = Watcher(root, ".trace.py", 0.0)
     deadline = time.monotonic() + 600
     while watcher.find() is None and time.monotonic() < deadline:
@@ -239,7 +227,7 @@ def test_a_killed_snakemake_resumes_after_unlock(tiny_run: Path, tmp_path: Path)
             p.kill()
         except psutil.Error:
             pass
-    runner.join()
+    run.wait()
     again = snakemake(wf, "--cores", "2", TARGET)
     assert again.returncode != 0 and "--unlock" in again.stdout + again.stderr
     assert snakemake(wf, "--unlock").returncode == 0

@@ -83,6 +83,15 @@ def trace_estimate(workload) -> dict[str, float]:
             "hours": roles * (TRACE_SECONDS_PER_ROLE + ops * TRACE_SECONDS_PER_OP) / 3600}
 
 
+def full_mode_refusal(workload) -> str | None:
+    """Why full-mode simulation of the workload is refused (None: it is not)."""
+    if workload.world_size <= limit("MAX_FULL_MODE_RANKS"):
+        return None
+    return (f"full mode replays every rank: {workload.name} has {workload.world_size:,} ranks "
+            f"(limit {limit('MAX_FULL_MODE_RANKS'):,.0f}, ECHO_MAX_FULL_MODE_RANKS raises it); "
+            "symmetric mode simulates it")
+
+
 def cost_problems(workload) -> list[tuple[str, str]]:
     """(key, reason with the estimate) for each limit the workload exceeds."""
     m, p = workload.model, workload.parallel

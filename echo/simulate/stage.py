@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from echo.artifacts import COMMS, DEPS, KERNELS, OPS, RANK_CLASSES, SCHEDULE, SUMMARY, TIMELINE, TRACED_RANKS
-from echo.config.limits import limit
+from echo.config.limits import full_mode_refusal
 from echo.io import atomic_path, read_parquet, write_parquet
 from echo.network.model import CollectiveCosts, NetworkModel
 from echo.overlap.table import Slowdown, slowdown_table
@@ -248,9 +248,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
     if compute_scale and mode != "full":
         raise ValueError("compute_scale (per-rank kernel factors) needs mode='full'")
-    if mode == "full" and workload.world_size > limit("MAX_FULL_MODE_RANKS"):  # the workflow refuses it earlier
-        raise ValueError(f"{workload.name}: full mode replays every rank; {workload.world_size} ranks is more than "
-                         f"{limit('MAX_FULL_MODE_RANKS'):.0f} (use symmetric mode, or raise ECHO_MAX_FULL_MODE_RANKS)")
+    if mode == "full" and (reason := full_mode_refusal(workload)):  # the workflow refuses it earlier
+        raise ValueError(reason)
     trace_dir, out_dir = Path(trace_dir), Path(out_dir)
     if network is None:  # the calibrate stage's model
         network = NetworkModel.load(Path(calib_dir) / "network.json")

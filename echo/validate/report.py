@@ -57,7 +57,7 @@ def local_row(compare: pa.Table, measured: pa.Table) -> dict:
 
 
 def run_local(compare_paths: list[Path], measured_paths: list[Path], out_path: Path) -> pa.Table:
-    measured = {read_parquet(p)["workload"][0].as_py(): read_parquet(p) for p in measured_paths}
+    measured = {t["workload"][0].as_py(): t for t in map(read_parquet, measured_paths)}
     rows = []
     for path in compare_paths:
         compare = read_parquet(path)
@@ -170,12 +170,13 @@ def rankings_markdown(table: pa.Table) -> str:
 
 
 def run_errors(local_path: Path, published_path: Path, out_path: Path) -> str:
+    published = read_parquet(published_path)
     text = ("### Real runs on this machine (local-cpu / local-gloo)\n\n"
             + local_markdown(read_parquet(local_path))
             + "\n\n### Published measurements\n\n"
-            + published_markdown(read_parquet(published_path)) + "\n"
+            + published_markdown(published) + "\n"
             + "\n### Ranking fidelity (does Echo order a model's layouts as the measurements do?)\n\n"
-            + rankings_markdown(read_parquet(published_path)))
+            + rankings_markdown(published))
     with atomic_path(out_path) as tmp:
         tmp.write_text(text)
     return text

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from echo.config import load_hardware, load_topology, load_workload
-from echo.config.limits import limit
+from echo.config.limits import full_mode_refusal
 from echo.config.loader import check_numerics, check_placement, config_path
 from echo.errors import ConfigError
 from echo.sweep import expansion, is_sweep_name, layouts_table, shared_trace, sweep_workload
@@ -103,12 +103,8 @@ def simulate_mode_checked(mode: str, root: Path = CONFIG_DIR):
     rank, so a workload with more ranks than the limit is refused while the DAG is built."""
 
     def inputs(wildcards) -> list:
-        workload = workload_config(wildcards.workload, root)
-        if mode == "full" and workload.world_size > limit("MAX_FULL_MODE_RANKS"):
-            raise ConfigError("config/config.yaml", "simulate.mode",
-                              f"full mode replays every rank: {workload.name} has {workload.world_size:,} ranks "
-                              f"(limit {limit('MAX_FULL_MODE_RANKS'):,.0f}, ECHO_MAX_FULL_MODE_RANKS raises it); "
-                              "symmetric mode simulates it")
+        if mode == "full" and (reason := full_mode_refusal(workload_config(wildcards.workload, root))):
+            raise ConfigError("config/config.yaml", "simulate.mode", reason)
         return []
 
     return inputs
