@@ -102,10 +102,21 @@ def test_full_mode_matches_p2p_with_peers(tmp_path):
         assert abs(a - b) == 2  # rank = dp + 2 * pp: the same dp replica on the other stage
 
 
-def test_full_mode_refuses_what_it_cannot_run(tmp_path):
-    w = make_workload(tp=1, pp=1, dp=8000, global_batch=8000)
-    with pytest.raises(ValueError, match="full mode replays every rank"):
+def test_full_mode_refuses_what_it_cannot_run(tmp_path, monkeypatch):
+    from echo.config.limits import full_mode_estimate
+
+    # 32,000 ranks in one data-parallel group: every collective's rendezvous visits 32,000 members
+    # on each of 32,000 ranks, hours of replay (benchmarks/bench_full_mode.py measures the terms)
+    w = make_workload(tp=1, pp=1, dp=32000, global_batch=32000)
+    assert full_mode_estimate(w)["hours"] > 2.0
+    with pytest.raises(ValueError, match=r"full mode replays every rank: .* 32,000 ranks .* h \(limits"):
         run(tmp_path, w, mode="full")
+    # the same job at 8,000 ranks is admitted by the estimate, and a raised limit admits 32,000
+    assert full_mode_estimate(make_workload(tp=1, pp=1, dp=8000, global_batch=8000))["hours"] < 2.0
+    monkeypatch.setenv("ECHO_MAX_FULL_MODE_HOURS", "100")
+    monkeypatch.setenv("ECHO_MAX_FULL_MODE_GIB", "64")
+    from echo.config.limits import full_mode_refusal
+    assert full_mode_refusal(w) is None
 
 
 # --- a real trace --------------------------------------------------------------------------------

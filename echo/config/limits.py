@@ -12,7 +12,9 @@ below admit every real model up to 10 trillion parameters on up to a million GPU
   MLP 2 or 3 x h x ffn per expert, embeddings V x h, input and output),
 - ``parallel``: a world of at most MAX_WORLD ranks (which also bounds dedup's rank table: one
   row per rank, about 100 bytes each, 0.2 GB at the limit),
-- the simulator's full mode: at most MAX_FULL_MODE_RANKS ranks (symmetric mode has no limit),
+- the simulator's full mode (full_mode_estimate): at most MAX_FULL_MODE_GIB of memory and
+  MAX_FULL_MODE_HOURS, from the events it would replay (ranks x micro-batches x ops of a role);
+  symmetric mode, one timeline per pipeline stage, has no limit,
 - the trace itself (trace_estimate): at most MAX_TRACE_WORKER_GIB of host memory per tracing
   process and MAX_TRACE_HOURS of tracing on one core, from the ops the roles would record.
 
@@ -29,9 +31,10 @@ MAX_PARAMETERS = 2e13
 MAX_WORLD = 2**21  # 2,097,152 ranks
 MAX_TRACE_WORKER_GIB = 64.0
 MAX_TRACE_HOURS = 24.0
-# The simulator's full mode replays every rank's programs (symmetric mode one per class): beyond
-# this many ranks it takes minutes to hours. Checked while the DAG is built (echo.workflow.params).
-MAX_FULL_MODE_RANKS = 4096
+# The simulator's full mode replays every rank's programs (symmetric mode one per pipeline stage);
+# checked while the DAG is built (echo.workflow.params) and again by the stage.
+MAX_FULL_MODE_GIB = 32.0
+MAX_FULL_MODE_HOURS = 2.0
 
 # The trace's cost, measured on this 2-core machine (2026-12-04). Per op, by
 # benchmarks/bench_trace_cost.py: a GPT of 64 / 512 / 2,048 layers in one role records 1,952 /
@@ -47,12 +50,24 @@ TRACE_BYTES_PER_OP = 6.0e3
 # guard takes more than the upper end, so it over-estimates rather than admit what cannot finish.
 TRACE_OPS_PER_LAYER = 160
 
+# Full mode's cost, fitted by benchmarks/bench_full_mode.py on this machine (2026-12-04; a GPT at
+# TP2 PP2, 8 to 1,024 ranks, 4 to 32 micro-batches, 118 and 335 ops a role: 0.03 to 7.7 s, 0.44 to
+# 1.2 GB). Time: per rank x micro-batch x op replayed, and per rank x its data-parallel group's size
+# (a collective's rendezvous visits each member: 1,024 ranks at DP256 spend most of their 7.7 s
+# there). Memory: the programs each rank keeps (relabelled copies of its class's) and the timeline.
+FULL_SECONDS_PER_EVENT_OP = 3.5e-6
+FULL_SECONDS_PER_RANK_MEMBER = 2.3e-5
+FULL_BASE_GIB = 0.45
+FULL_BYTES_PER_RANK_OP = 1.2e3
+FULL_BYTES_PER_EVENT_OP = 0.2e3
+
 
 def limit(name: str) -> float:
     """A limit's value, from ECHO_<name> when set."""
     default = {"MAX_LAYERS_PER_ROLE": MAX_LAYERS_PER_ROLE, "MAX_PARAMETERS": MAX_PARAMETERS,
                "MAX_WORLD": MAX_WORLD, "MAX_TRACE_WORKER_GIB": MAX_TRACE_WORKER_GIB,
-               "MAX_TRACE_HOURS": MAX_TRACE_HOURS, "MAX_FULL_MODE_RANKS": MAX_FULL_MODE_RANKS}[name]
+               "MAX_TRACE_HOURS": MAX_TRACE_HOURS, "MAX_FULL_MODE_GIB": MAX_FULL_MODE_GIB,
+               "MAX_FULL_MODE_HOURS": MAX_FULL_MODE_HOURS}[name]
     raw = os.environ.get(f"ECHO_{name}")
     try:
         return float(raw) if raw else float(default)
@@ -83,13 +98,27 @@ def trace_estimate(workload) -> dict[str, float]:
             "hours": roles * (TRACE_SECONDS_PER_ROLE + ops * TRACE_SECONDS_PER_OP) / 3600}
 
 
+def full_mode_estimate(workload) -> dict[str, float]:
+    """What simulating the workload in full mode would cost: the op events it replays (every rank,
+    every micro-batch, the ops of its role as trace_estimate counts them), memory, hours."""
+    p = workload.parallel
+    ranks, micro_batches = float(workload.world_size), float(workload.micro_batches)
+    rank_ops = ranks * trace_estimate(workload)["ops_per_role"]
+    events = rank_ops * micro_batches
+    return {"ranks": ranks, "events": events,
+            "gib": FULL_BASE_GIB + (rank_ops * FULL_BYTES_PER_RANK_OP + events * FULL_BYTES_PER_EVENT_OP) / 2**30,
+            "hours": (events * FULL_SECONDS_PER_EVENT_OP + ranks * p.dp * FULL_SECONDS_PER_RANK_MEMBER) / 3600}
+
+
 def full_mode_refusal(workload) -> str | None:
     """Why full-mode simulation of the workload is refused (None: it is not)."""
-    if workload.world_size <= limit("MAX_FULL_MODE_RANKS"):
+    est = full_mode_estimate(workload)
+    if est["gib"] <= limit("MAX_FULL_MODE_GIB") and est["hours"] <= limit("MAX_FULL_MODE_HOURS"):
         return None
-    return (f"full mode replays every rank: {workload.name} has {workload.world_size:,} ranks "
-            f"(limit {limit('MAX_FULL_MODE_RANKS'):,.0f}, ECHO_MAX_FULL_MODE_RANKS raises it); "
-            "symmetric mode simulates it")
+    return (f"full mode replays every rank: {workload.name} has {est['ranks']:,.0f} ranks and about "
+            f"{est['events']:.3g} op events, estimated {est['gib']:,.1f} GiB and {est['hours']:,.2f} h "
+            f"(limits {limit('MAX_FULL_MODE_GIB'):g} GiB, {limit('MAX_FULL_MODE_HOURS'):g} h; ECHO_MAX_FULL_MODE_GIB "
+            "and ECHO_MAX_FULL_MODE_HOURS raise them); symmetric mode simulates it")
 
 
 def cost_problems(workload) -> list[tuple[str, str]]:
