@@ -38,9 +38,19 @@ inside each node and a double binary tree of the nodes over the NICs, each GPU c
 1/k shard through its own NIC: ``(k+1)/k`` over NVLink, ``2/k`` over the NICs (``1/k`` on two
 nodes, where each node is the root of one tree and the leaf of the other: NCCL's tuner doubles
 NVLS-tree's network bandwidth on up to two nodes), latency ``nvls_latency_us + 2 log2(m)``
-network hops. Both run the simple protocol only, and need two or more GPUs of a node. All-to-all is ``n-1`` rounds of pairwise exchange whose NVLink
-and NIC parts overlap (each GPU's remote traffic goes through its own NIC: about one NIC per
-peer); broadcast/reduce are a pipelined chain; send/recv one hop over NVLink or the GPU's NIC.
+network hops. Both run the simple protocol only, and need two or more GPUs of a node.
+
+All-to-all is NCCL's grouped send/recv to every peer: the peers are served at once, not one after
+another, as far as NCCL's peer-to-peer channels reach (``P2P_PEERS_AT_ONCE``); beyond that in
+rounds. Its latency is therefore ``max(1, (n-1) / P2P_PEERS_AT_ONCE)`` rounds of one send/recv's
+latency (the protocol's base cost and one hop, a network hop when a peer is on another node),
+not ``n-1`` hops in a row. XLA's measured all-to-alls inside a GB200 NVL72 rack show it
+(reference ``kernels/xla_collective_table.csv``): the small-message floor is 11-12 us for 8, 16
+and 18 GPUs, 20-21 us for 32 and 36, 54-64 us for 64 and 72, each round about one
+collective-permute's 10-14 us, where ``n-1`` NVLink steps in a row would grow with every GPU.
+Its NVLink and NIC data parts overlap (each GPU's remote traffic goes through its own NIC: about
+one NIC per peer); broadcast/reduce are a pipelined chain; send/recv one hop over NVLink or the
+GPU's NIC.
 
 Each candidate also says how many bytes per message byte it puts on each GPU's NVLink port and
 NIC (``nvlink_traffic``, ``nic_traffic``): what ``echo.network.contention`` shares when
@@ -92,6 +102,10 @@ NOMINAL_PROTOCOLS = {
     "simple": {"hop_factor": 2.0, "bw_fraction": 1.0},
 }
 TREE_EFFICIENCY = 0.9   # NCCL's tuner figure: trees load links unevenly
+# Peers an all-to-all serves at once: NCCL's 32 peer-to-peer channels at two channels a peer
+# (NCCL_NCHANNELS_PER_NET_PEER's default). Assumed from NCCL's defaults; XLA's GB200 all-to-all
+# floors (one round up to 18 GPUs, two at 32-36, four at 64-72) agree with it (module docstring).
+P2P_PEERS_AT_ONCE = 16
 _GBPS_TO_BYTES_PER_US = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/us
 
 
@@ -342,10 +356,13 @@ def _nvls_tree(params: NetworkParams, s: Shape) -> Candidate:
 
 
 def _direct(params: NetworkParams, op: str, s: Shape, name: str, proto: dict) -> Candidate:
-    """All-to-all as n-1 rounds of pairwise exchange; NVLink and NIC parts move concurrently."""
+    """All-to-all as grouped send/recv to every peer, in rounds of P2P_PEERS_AT_ONCE peers;
+    NVLink and NIC parts move concurrently."""
     n, k = s.gpus, s.per_node
     hop_i, bw_i = _intra(params, op, proto)
-    latency = proto["base_us"] + (k - 1) * hop_i + (n - k) * proto["inter_hop_us"]
+    # rounds of concurrent send/recv pairs, each a send/recv's latency (module docstring)
+    rounds = max(1.0, (n - 1) / P2P_PEERS_AT_ONCE)
+    latency = rounds * (proto["base_us"] + (proto["inter_hop_us"] if n > k else hop_i))
     nic_bw = params.nic_bw_GBps * proto["bw_fraction"]
     # microseconds per message byte of each part; the slower part sets the pace
     per_byte = max((k - 1) / n / bw_i, (n - k) / n / nic_bw if n > k else 0.0) / _GBPS_TO_BYTES_PER_US
