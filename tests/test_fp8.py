@@ -144,3 +144,49 @@ def test_a_recipe_the_gpu_lacks_is_refused(tmp_path):
         check_numerics(delayed, load_hardware("a100-sxm-80gb"), "a100-sxm-80gb.yaml")
     with pytest.raises(ConfigError, match="needs a GPU"):
         check_numerics(w, load_hardware("local-cpu"), "local-cpu.yaml")
+
+
+@pytest.mark.slow
+def test_hf_sequence_parallel_fp8_saves_and_gathers_the_fp8_shard(tmp_path):
+    """A transformers Llama under TP2 + SP in FP8 (current scaling) runs as Transformer Engine's
+    sequence-parallel LayerNormLinear: each region (attention, MLP) quantizes its input shard
+    once, all-gathers the FP8 shard (half the bf16 bytes) and keeps that FP8 shard for backward
+    (1 byte per element where bf16 training keeps the bf16 shard, 2 bytes)."""
+    cfg = {**json.loads((REPO / "config/models/llama-3.1-8b.json").read_text()),
+           "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
+           "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 1024}
+    (tmp_path / "llama.json").write_text(json.dumps(cfg))
+    model = {"hf_config": str(tmp_path / "llama.json"), "seq_len": 256}
+    par = {"tp": 2, "sequence_parallel": True}
+    _, bf16_comms, bf16 = _trace(tmp_path, model, par, dtype="bf16")
+    ops, comms, cur = _trace(tmp_path, model, par, dtype="fp8", fp8_recipe="current")
+    tokens, shard, hidden, ffn = 256, 128, 256, 512
+    gathers = lambda cs: [c for c in cs if c["op"] == "all_gather" and c["group_kind"] == "tp"  # noqa: E731
+                          and c["phase"] == "forward" and c["bytes"] in (tokens * hidden, 2 * tokens * hidden)]
+    # two regions per layer, and the LM head's bf16 gather on top in both
+    assert sorted(c["bytes"] for c in gathers(comms)) == [tokens * hidden] * 4 + [2 * tokens * hidden]
+    assert len(gathers(bf16_comms)) == 5
+    # one quantize of each region's input, not one per projection (q, k, v; gate, up)
+    forward_quant = [o for o in ops if o["name"] == "echo.quantize.default" and o["phase"] == "forward"]
+    assert len(forward_quant) == 2 * (2 + 2)  # per layer: the two regions' shards, o_proj's and down_proj's inputs
+    # per layer: each region's saved shard 2 -> 1 byte; down_proj's input 2 -> 1 byte (T x ffn / tp);
+    # o_proj's input is attention's output, kept by attention anyway, so FP8 adds its 1-byte copy
+    per_layer = 2 * shard * hidden + tokens * ffn // 2 - tokens * hidden // 2
+    saved = bf16["activation_bytes_per_microbatch"] - cur["activation_bytes_per_microbatch"]
+    assert saved == pytest.approx(2 * per_layer, abs=256)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["delayed", "mxfp8", "blockwise", "nvfp4"])
+def test_hf_sequence_parallel_gathers_every_recipe_in_low_precision(tmp_path, recipe):
+    """The sequence-parallel FP8 region (above) with each recipe's scales: the block recipes'
+    scales follow the gathered rows, and every region gathers its shard once, in low precision."""
+    cfg = {**json.loads((REPO / "config/models/llama-3.1-8b.json").read_text()),
+           "num_hidden_layers": 1, "hidden_size": 512, "intermediate_size": 1024,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
+    (tmp_path / "llama.json").write_text(json.dumps(cfg))
+    model = {"hf_config": str(tmp_path / "llama.json"), "seq_len": 256}
+    _, comms, _ = _trace(tmp_path, model, {"tp": 2, "sequence_parallel": True}, dtype="fp8", fp8_recipe=recipe)
+    low = {c["dtype"] for c in comms if c["op"] == "all_gather" and c["group_kind"] == "tp"
+           and c["phase"] == "forward" and c["dtype"] != "bfloat16"}
+    assert low == {"float4_e2m1fn_x2" if recipe == "nvfp4" else "float8_e4m3fn"}

@@ -11,6 +11,14 @@ however many projections read the input. Inside, the linears compute on plain lo
 With sequence parallelism, as Megatron-LM, the gathered input is not kept for backward: the
 linears that read it save the rank's shard and the first of them to run backward gathers it
 again (recorded as recompute), which the others reuse.
+
+In FP8 (a region whose linears all run in FP8), as Transformer Engine's sequence-parallel
+LayerNormLinear: the shard is quantized once (current scaling all-reduces its amax over the TP
+group first, so that the gathered tensor has one scale), the FP8 shard is all-gathered (half the
+bytes of bf16) and every linear of the region runs its forward GEMM on it; backward the saved
+FP8 shard (1 byte per element, not the bf16 one) is gathered again and transposed once for the
+weight gradients. The module itself receives a storage-less stand-in of the gathered input's
+shape: its linears read the FP8 copy, as in Megatron nothing reads a bf16 gathered input.
 """
 
 from __future__ import annotations
@@ -63,10 +71,12 @@ class _Region:
     """One entry into a tensor-parallel region during one forward: the shard it gathered, and
     the gathered input backward re-creates once for every linear that read it."""
 
-    def __init__(self, shard: torch.Tensor, gathered: torch.Tensor, group, hook):
+    def __init__(self, shard: torch.Tensor | None, gathered: torch.Tensor, group, hook, fp8_input=None):
         self.shard, self.group, self.hook = shard, group, hook
         self.storage = gathered.untyped_storage()._cdata
         self.readers, self.again = 0, None
+        # FP8: (FP8 shard, its scale, the gathered FP8 input while forward readers remain, their count)
+        self.fp8_input = fp8_input
 
     def reads(self, x: torch.Tensor) -> bool:
         return x.untyped_storage()._cdata == self.storage
@@ -75,6 +85,28 @@ class _Region:
         if self.again is None:
             with self.hook():
                 self.again = funcol.all_gather_tensor(self.shard, 1, self.group)
+        return self._release()
+
+    def regather_fp8(self, s, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The saved FP8 shard gathered again and transposed for the weight-gradient GEMMs."""
+        if self.again is None:
+            q, sq = self.fp8_input[0], self.fp8_input[1]
+            with self.hook():
+                x8 = funcol.all_gather_tensor(q, 0, self.group)
+                # the FP8 transpose the weight-gradient GEMM reads (FP4 packs two values per byte)
+                xt = x8.t().contiguous().reshape(hidden, -1)
+            st = sq.new_empty(fp8._scale_shape(s.recipe, xt.shape[0], xt.shape[1] * s.recipe.packed, False))
+            self.again = (xt, st)
+        return self._release()
+
+    def forward_fp8(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gathered FP8 input, its scale, the FP8 shard) for one forward reader; the gathered
+        copy is dropped after the region's last reader, as Transformer Engine's is."""
+        q, sq, x8, left = self.fp8_input
+        self.fp8_input = (q, sq, x8 if left > 1 else None, left - 1)
+        return x8, sq, q
+
+    def _release(self):
         out = self.again
         self.readers -= 1
         if not self.readers:
@@ -95,14 +127,43 @@ class _Enter(torch.autograd.Function):
         return funcol.all_reduce(grad.contiguous(), "sum", ctx.group), None, None
 
 
+class _EnterFP8(torch.autograd.Function):
+    """A sequence-parallel region entry whose linears run in FP8 (module docstring): quantize the
+    shard, all-gather it in FP8; backward reduce-scatters the summed input gradient as ``_Enter``."""
+
+    @staticmethod
+    def forward(ctx, x, group, region, s, readers):
+        ctx.group, (b, n, h) = group, x.shape
+        shard2d = x.contiguous().reshape(b * n, h)
+        fp8.amax_reduce_tp(s, shard2d)
+        q, sq, _, _ = fp8.quantize_input(s, shard2d, columnwise=False)
+        x8 = funcol.all_gather_tensor(q, 0, group)
+        if s.recipe.block:  # block scales follow the rows: the gathered input's (their bytes, 1/16-1/32
+            # of the data's, travel with it and are not recorded as a collective of their own)
+            sq = sq.new_empty(fp8._scale_shape(s.recipe, x8.shape[0], h, False))
+        region.fp8_input = (q, sq, x8, readers)
+        # the gathered input's shape without storage: the region's linears read x8
+        return x.new_empty((1, 1, 1)).expand(b, n * (x8.shape[0] // q.shape[0]), h)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return funcol.reduce_scatter_tensor(grad.contiguous(), "sum", 1, ctx.group), None, None, None, None
+
+
 class _RegatherLinear(torch.autograd.Function):
     """y = x @ W^T (+ b) where x is a region's gathered input, saving only the region's shard."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, region, fp8_state):
         region.readers += 1
-        ctx.save_for_backward(region.shard, weight)
         ctx.region, ctx.has_bias, ctx.fp8 = region, bias is not None, fp8_state
+        if region.fp8_input is not None:  # the region gathered FP8: read it, keep the FP8 shard
+            x8, sx, q = region.forward_fp8()
+            ctx.save_for_backward(q, weight)
+            y = fp8.forward_gemm(fp8_state, (x8, sx), weight)
+            y = y + bias if bias is not None else y
+            return y.view(*x.shape[:-1], y.shape[-1])
+        ctx.save_for_backward(region.shard, weight)
         if fp8_state is None:
             return F.linear(x, weight, bias)
         # FP8: the gathered input is quantized row-wise only; backward quantizes the regathered one
@@ -114,8 +175,12 @@ class _RegatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         _, weight = ctx.saved_tensors
-        x = ctx.region.regather()
         grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
+        if ctx.region.fp8_input is not None:
+            xt = ctx.region.regather_fp8(ctx.fp8, weight.shape[1])
+            grad_x, grad_w = fp8.backward_gemms(ctx.fp8, grad.flatten(0, -2), xt, weight, True, True)
+            return grad_x.view(*grad.shape[:-1], -1), grad_w, grad_b, None, None
+        x = ctx.region.regather()
         if ctx.fp8 is not None:
             _, _, qt, sqt = fp8.quantize_input(ctx.fp8, x.flatten(0, -2), rowwise=False)
             grad_x, grad_w = fp8.backward_gemms(ctx.fp8, grad.flatten(0, -2), (qt, sqt), weight, True, True)
@@ -182,10 +247,18 @@ def _name_in(block: nn.Module, module: nn.Module) -> str:
 def _entry(group, sequence_parallel: bool, hook, readers: list[nn.Module]):
     """The forward pre-hook entering a region (hidden_states as transformers passes it: by
     keyword to attention, positionally to an MLP)."""
+    all_fp8 = bool(readers) and all(getattr(m, "echo_fp8", False) for m in readers)
+
     def enter(module, args, kwargs):
         x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        y = _Enter.apply(x, group, sequence_parallel)
-        region = _Region(x.contiguous(), y, group, hook) if sequence_parallel and hook is not None else None
+        s = fp8.active()
+        if sequence_parallel and hook is not None and s is not None and all_fp8:
+            region = _Region(None, x, group, hook)
+            y = _EnterFP8.apply(x, group, region, s, len(readers))
+            region.storage = y.untyped_storage()._cdata
+        else:
+            y = _Enter.apply(x, group, sequence_parallel)
+            region = _Region(x.contiguous(), y, group, hook) if sequence_parallel and hook is not None else None
         for m in readers:
             m.echo_region = region
         if "hidden_states" in kwargs:
