@@ -177,15 +177,18 @@ def test_hf_sequence_parallel_fp8_saves_and_gathers_the_fp8_shard(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gpt", "hf"])
 @pytest.mark.parametrize("recipe", ["delayed", "mxfp8", "blockwise", "nvfp4"])
-def test_hf_sequence_parallel_gathers_every_recipe_in_low_precision(tmp_path, recipe):
-    """The sequence-parallel FP8 region (above) with each recipe's scales: the block recipes'
-    scales follow the gathered rows, and every region gathers its shard once, in low precision."""
+def test_sequence_parallel_gathers_every_recipe_in_low_precision(tmp_path, recipe, arch):
+    """The sequence-parallel FP8 input (Echo's GPT blocks and a transformers Llama) with each
+    recipe's scales: the block recipes' scales follow the gathered rows (the block-scaled GEMM
+    checks their count), and every region gathers its shard in low precision."""
     cfg = {**json.loads((REPO / "config/models/llama-3.1-8b.json").read_text()),
            "num_hidden_layers": 1, "hidden_size": 512, "intermediate_size": 1024,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
     (tmp_path / "llama.json").write_text(json.dumps(cfg))
-    model = {"hf_config": str(tmp_path / "llama.json"), "seq_len": 256}
+    model = ({"arch": "gpt", "layers": 1, "hidden": 512, "heads": 4, "vocab": 1024, "seq_len": 256} if arch == "gpt"
+             else {"hf_config": str(tmp_path / "llama.json"), "seq_len": 256})
     _, comms, _ = _trace(tmp_path, model, {"tp": 2, "sequence_parallel": True}, dtype="fp8", fp8_recipe=recipe)
     low = {c["dtype"] for c in comms if c["op"] == "all_gather" and c["group_kind"] == "tp"
            and c["phase"] == "forward" and c["dtype"] != "bfloat16"}

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Shard
@@ -250,6 +251,27 @@ def amax_reduce_tp(s: State, x2d: torch.Tensor) -> None:
     if s.recipe.amax == "current" and s.tp_group is not None:
         amax = torch.linalg.vector_norm(x2d, float("inf")).float()
         dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=s.tp_group)
+
+
+def gather_shard(s: State, shard2d: torch.Tensor, group):
+    """Transformer Engine's sequence-parallel FP8 input: the shard quantized once (current scaling
+    all-reduces its amax over the TP group first, so the gathered tensor has one scale) and
+    all-gathered in FP8. Returns (FP8 shard, its scales, gathered FP8 input, the gathered input's
+    scales): block scales follow the rows (their bytes, 1/16-1/32 of the data's, travel with it
+    and are not recorded as a collective of their own), a per-tensor scale is the shard's."""
+    amax_reduce_tp(s, shard2d)
+    q, sq, _, _ = quantize_input(s, shard2d, columnwise=False)
+    x8 = funcol.all_gather_tensor(q, 0, group)
+    sx = sq.new_empty(_scale_shape(s.recipe, x8.shape[0], shard2d.shape[1], False)) if s.recipe.block else sq
+    return q, sq, x8, sx
+
+
+def regather_transposed(s: State, q: torch.Tensor, group, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of ``gather_shard``: the saved FP8 shard gathered again and transposed (with its
+    scales) for the weight-gradient GEMM (FP4 packs two values per byte)."""
+    x8 = funcol.all_gather_tensor(q, 0, group)
+    xt = x8.t().contiguous().reshape(hidden, -1)
+    return xt, q.new_empty(_scale_shape(s.recipe, xt.shape[0], xt.shape[1] * s.recipe.packed, False), dtype=s.recipe.scale)
 
 
 def _amax(s: State, t: torch.Tensor) -> None:

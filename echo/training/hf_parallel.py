@@ -90,13 +90,8 @@ class _Region:
     def regather_fp8(self, s, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The saved FP8 shard gathered again and transposed for the weight-gradient GEMMs."""
         if self.again is None:
-            q, sq = self.fp8_input[0], self.fp8_input[1]
             with self.hook():
-                x8 = funcol.all_gather_tensor(q, 0, self.group)
-                # the FP8 transpose the weight-gradient GEMM reads (FP4 packs two values per byte)
-                xt = x8.t().contiguous().reshape(hidden, -1)
-            st = sq.new_empty(fp8._scale_shape(s.recipe, xt.shape[0], xt.shape[1] * s.recipe.packed, False))
-            self.again = (xt, st)
+                self.again = fp8.regather_transposed(s, self.fp8_input[0], self.group, hidden)
         return self._release()
 
     def forward_fp8(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -132,16 +127,10 @@ class _EnterFP8(torch.autograd.Function):
     shard, all-gather it in FP8; backward reduce-scatters the summed input gradient as ``_Enter``."""
 
     @staticmethod
-    def forward(ctx, x, group, region, s, readers):
+    def forward(ctx, x, group, s, readers, out: list):
         ctx.group, (b, n, h) = group, x.shape
-        shard2d = x.contiguous().reshape(b * n, h)
-        fp8.amax_reduce_tp(s, shard2d)
-        q, sq, _, _ = fp8.quantize_input(s, shard2d, columnwise=False)
-        x8 = funcol.all_gather_tensor(q, 0, group)
-        if s.recipe.block:  # block scales follow the rows: the gathered input's (their bytes, 1/16-1/32
-            # of the data's, travel with it and are not recorded as a collective of their own)
-            sq = sq.new_empty(fp8._scale_shape(s.recipe, x8.shape[0], h, False))
-        region.fp8_input = (q, sq, x8, readers)
+        q, _, x8, sx = fp8.gather_shard(s, x.contiguous().reshape(b * n, h), group)
+        out.append((q, sx, x8, readers))  # the region's fp8_input
         # the gathered input's shape without storage: the region's linears read x8
         return x.new_empty((1, 1, 1)).expand(b, n * (x8.shape[0] // q.shape[0]), h)
 
@@ -253,9 +242,9 @@ def _entry(group, sequence_parallel: bool, hook, readers: list[nn.Module]):
         x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         s = fp8.active()
         if sequence_parallel and hook is not None and s is not None and all_fp8:
-            region = _Region(None, x, group, hook)
-            y = _EnterFP8.apply(x, group, region, s, len(readers))
-            region.storage = y.untyped_storage()._cdata
+            gathered: list = []
+            y = _EnterFP8.apply(x, group, s, len(readers), gathered)
+            region = _Region(None, y, group, hook, fp8_input=gathered[0])
         else:
             y = _Enter.apply(x, group, sequence_parallel)
             region = _Region(x.contiguous(), y, group, hook) if sequence_parallel and hook is not None else None

@@ -90,11 +90,8 @@ class _GatherLinear(torch.autograd.Function):
         for the whole tensor: current scaling all-reduces the amax first) and gathered in FP8;
         backward gathers the saved FP8 shard again and transposes it for the weight gradient."""
         s, (b, n, h) = ctx.fp8, x_shard.shape
-        shard2d = x_shard.reshape(b * n, h)
-        fp8.amax_reduce_tp(s, shard2d)
-        q, sq, _, _ = fp8.quantize_input(s, shard2d, columnwise=False)
-        x8 = funcol.all_gather_tensor(q, 0, ctx.group)
-        y = fp8.forward_gemm(s, (x8, sq), weight)
+        q, sq, x8, sx = fp8.gather_shard(s, x_shard.reshape(b * n, h), ctx.group)
+        y = fp8.forward_gemm(s, (x8, sx), weight)
         y = y + bias if bias is not None else y
         ctx.save_for_backward(q, sq, weight)
         ctx.x_shape = (b, n * (x8.shape[0] // q.shape[0]), h)
@@ -104,13 +101,10 @@ class _GatherLinear(torch.autograd.Function):
     def backward(ctx, grad):
         grad_b = grad.flatten(0, -2).sum(0) if ctx.has_bias else None
         if ctx.fp8 is not None:
-            q, sq, weight = ctx.saved_tensors
+            q, _, weight = ctx.saved_tensors
             with ctx.hook():
-                x8 = funcol.all_gather_tensor(q, 0, ctx.group)
-                # the FP8 transpose the weight-gradient GEMM reads (FP4 packs two values per byte)
-                xt = x8.t().contiguous().reshape(ctx.x_shape[-1], -1)
-            st = sq.new_empty(fp8._scale_shape(ctx.fp8.recipe, xt.shape[0], xt.shape[1] * ctx.fp8.recipe.packed, False))
-            dx, grad_w = fp8.backward_gemms(ctx.fp8, grad.flatten(0, -2), (xt, st), weight, True, True)
+                xt = fp8.regather_transposed(ctx.fp8, q, ctx.group, ctx.x_shape[-1])
+            dx, grad_w = fp8.backward_gemms(ctx.fp8, grad.flatten(0, -2), xt, weight, True, True)
             grad_x = funcol.reduce_scatter_tensor(dx.view(*grad.shape[:-1], -1), "sum", 1, ctx.group)
             return grad_x, grad_w, grad_b, None, None, None
         x_shard, weight = ctx.saved_tensors
