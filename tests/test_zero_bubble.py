@@ -106,6 +106,34 @@ def test_zb_2p_against_the_papers_bubble_rates(reference):
         assert bubble_rate(paper, shipped) <= zbh2[key] + 0.005, key
 
 
+def test_zb_v_against_the_papers_bubble_rates(reference):
+    """The paper's ZB-V bubble rates (its Table 8: 6.2B to 28.3B on 16 to 32 stages) from the V
+    heuristic of its runtime (echo.training.zb_v), on the same model's profiled pass times (Table
+    9, the mean of its rows; measured at other stage counts, so a chunk's F, B and W are a
+    stage's scaled by its share of the layers, p9 / 2p; the transfer as measured): every row
+    within 1.2 points (at writing: 0.05-1.0 points below; Echo's earlier greedy V order left
+    3-5 points more)."""
+    import csv
+    import statistics
+
+    from echo.training.zb_auto import PassTimes
+    from echo.training.zb_v import v_bubble_rate, v_orders
+
+    table8 = [r for r in csv.DictReader((reference / "zero_bubble_bubble_rates.csv").open())
+              if r["schedule"] == "ZB-V"]
+    table9 = list(csv.DictReader((reference / "zero_bubble_profiled_times.csv").open()))
+    assert len(table8) == 9
+    for r in table8:
+        rows = [t for t in table9 if t["model"] == r["model"]]
+        p, m, p9 = int(r["pipeline_stages_p"]), int(r["num_microbatches_m"]), int(rows[0]["pipeline_stages_p"])
+        f, b, w, c = (statistics.fmean(float(t[key]) for t in rows) for key in ("T_F", "T_B", "T_W", "T_comm"))
+        k = p9 / (2 * p)
+        chunk = PassTimes(f * k, b * k, w * k, c, 1.0)
+        times = [[chunk, chunk]] * p
+        got = v_bubble_rate(times, v_orders(times, m))
+        assert got == pytest.approx(float(r["bubble_rate"]), abs=0.012), (r["model"], m, got)
+
+
 def test_zb_2p_at_equal_times_has_no_bubble():
     p, m = 4, 16
     r = simulate(pipeline_bw(p, 1.0, 1.0, 1.0), stage_orders("zb-2p", p, m), EngineOptions(post_validation=True))
@@ -312,7 +340,9 @@ def test_zb_v_at_equal_times(p, m):
         kinds = [t.kind for t in o]
         assert max(kinds[:i + 1].count("F") - kinds[:i + 1].count("W") for i in range(len(o))) <= 2 * p
     assert max(in_flight(o) for o in orders) <= 2 * p  # chunk-micro-batches: 1F1B's p whole ones
-    assert max(w_pending(o) for o in orders) < m  # bounded: not every W held back
+    # the Ws owed are bounded by the same memory (each holds its chunk's activations here); the
+    # runtime's heuristic runs them where a pass would wait, the last ones in the cool-down
+    assert max(w_pending(o) for o in orders) <= 2 * p
 
 
 @pytest.fixture(scope="module")

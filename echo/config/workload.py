@@ -88,8 +88,9 @@ class ParallelConfig(BaseModel):
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev"] = Field(
         "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1, zb-h2, zb-2p and zb-v: the "
         "zero-bubble schedules of Qi et al., each backward split into its input- and weight-gradient parts; zb-2p "
-        "and zb-v are built for the stages' own pass times, echo.training.zb_auto; zb-v places two chunks per "
-        "pipeline rank in a V: rank s holds virtual stages s and 2 pp - 1 - s; dualpipev: DeepSeek's DualPipe cut "
+        "and zb-v are built for the stages' own pass times, echo.training.zb_auto and zb_v; zb-v places two chunks "
+        "per pipeline rank in a V: rank s holds virtual stages s and 2 pp - 1 - s, ordered by the zero-bubble "
+        "runtime's own V heuristic; dualpipev: DeepSeek's DualPipe cut "
         "in half (deepseek-ai/DualPipe's DualPipeV), the same V, its steady state pairing one micro-batch's "
         "forward with another's backward, overlapped at their expert-parallel all-to-alls)")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")

@@ -395,13 +395,11 @@ def pass_times(costs: Sequence[RankCosts], activations: Sequence[Sequence[float]
         if not c.weight_grad:
             raise ValueError("a schedule built for pass times needs the backward split into B and W")
         per = []
-        mean = sum(activation) / len(activation)
         for k in range(c.chunks):
             sends = [op.duration_us for p in (c.forward[k], c.input_grad[k]) for op in p.send_ops]
             share = min(1.0, c.w_pending_bytes[k] / activation[k]) if activation[k] else 1.0
             per.append(PassTimes(c.forward[k].cost.duration_us, c.input_grad[k].cost.duration_us,
-                                 c.weight_grad[k].cost.duration_us, max(sends, default=0.0), share,
-                                 activation[k] / mean if mean else 1.0))
+                                 c.weight_grad[k].cost.duration_us, max(sends, default=0.0), share))
         out.append(per[0] if c.chunks == 1 else per)
     return out
 

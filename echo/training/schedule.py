@@ -16,12 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from echo.config.workload import ParallelConfig
-from echo.training.zb_auto import PassTimes, greedy_orders, greedy_v_orders, spans
+from echo.training.zb_auto import PassTimes, greedy_orders, spans
+from echo.training.zb_v import v_orders
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev")
 # the schedules whose orders hold W tasks (a backward split into input- and weight-gradient parts)
 SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev")
-# the schedules whose orders depend on the stages' pass times (echo.training.zb_auto)
+# the schedules whose orders depend on the stages' pass times (echo.training.zb_auto, zb_v)
 TIMED = ("zb-2p", "zb-v")
 
 
@@ -60,9 +61,8 @@ def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1
         vt = [list(t) for t in times] if times is not None else [unit] * stages
         if len(vt) != stages or any(len(t) != 2 for t in vt):
             raise ValueError(f"zb-v: pass times of two chunks for each of {stages} stages needed")
-        # 1F1B's peak activations: stages micro-batches of a whole stage, two chunks each
-        orders = greedy_v_orders(vt, micro_batches, [2.0 * stages] * stages)
-        return [[Task(kind, mb, c) for kind, mb, c in o] for o in orders]
+        # the zero-bubble runtime's own V heuristic, under 1F1B's peak activations (echo.training.zb_v)
+        return [[Task(kind, mb, c) for kind, mb, c in o] for o in v_orders(vt, micro_batches)]
     if schedule == "dualpipev":
         if chunks != 2 or stages < 2 or micro_batches < 2 * stages:
             raise ValueError(f"dualpipev holds two chunks per stage in a V over two or more stages and needs at least "

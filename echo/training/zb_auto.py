@@ -31,8 +31,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from echo.config.workload import virtual_stage
-
 
 @dataclass(frozen=True)
 class PassTimes:
@@ -43,10 +41,9 @@ class PassTimes:
     weight_grad: float   # W: the weight-gradient GEMMs
     send: float = 0.0    # a p2p transfer to the neighbouring stage (activation or gradient)
     w_share: float = 0.0  # of a micro-batch's activations, what a W still owed keeps (its GEMMs' inputs)
-    activation: float = 1.0  # a chunk's activations against its stage's mean chunk (memory units; ZB-V)
 
     def __post_init__(self) -> None:
-        if min(self.forward, self.input_grad, self.weight_grad, self.send, self.w_share, self.activation) < 0:
+        if min(self.forward, self.input_grad, self.weight_grad, self.send, self.w_share) < 0:
             raise ValueError(f"pass times must be >= 0, got {self}")
 
 
@@ -113,102 +110,6 @@ def greedy_orders(times: Sequence[PassTimes], micro_batches: int, limit: Sequenc
             free[s] = start + t.weight_grad
             orders[s].append(("W", nw[s]))
             nw[s] += 1
-    return orders
-
-
-def greedy_v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int,
-                    limit: Sequence[float]) -> list[list[tuple[str, int, int]]]:
-    """ZB-V's orders (Qi et al., section 6) as (kind, micro-batch, chunk) triples: two chunks per
-    stage in a V (stage s holds virtual stages s and 2p - 1 - s; ``times[s][c]`` their passes),
-    by the rules of the module docstring at chunk level: B first (the one whose input came first,
-    the second chunk's on a tie: it is nearer the loss), then F while the activations held stay
-    within ``limit[s]`` chunk-micro-batches (each chunk counting its ``activation``: the first
-    stage's embedding-only chunk next to nothing; the second chunk's first, which brings the next B
-    sooner; the first chunk at most 2 (p - s) - 1 micro-batches ahead of the second, what the V
-    between them holds), then the oldest W owed."""
-    p, m = len(times), micro_batches
-    if len(limit) != p or min(limit) < 1:
-        raise ValueError(f"one activation limit >= 1 per stage needed, got {list(limit)} for {p} stages")
-    last = 2 * p - 1
-
-    def place(k: int) -> tuple[int, int]:  # virtual stage -> (stage, chunk)
-        return (k, 0) if k < p else (last - k, 1)
-
-    def vstage(s: int, c: int) -> int:
-        return virtual_stage("v", p, c, s)
-
-    free = [0.0] * p
-    nf = [[0, 0] for _ in range(p)]
-    nb = [[0, 0] for _ in range(p)]
-    owed: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # (chunk, micro-batch) whose W is owed
-    held = [0.0] * p
-    f_end: dict[tuple[int, int], float] = {}  # (virtual stage, micro-batch) -> end
-    b_end: dict[tuple[int, int], float] = {}
-    orders: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
-
-    def arrival(done: dict, k: int, mb: int, s: int) -> float | None:
-        end = done.get((k, mb))
-        if end is None:
-            return None
-        src = place(k)[0]
-        return end + (0.0 if src == s else times[src][place(k)[1]].send)
-
-    def options(s: int, relax: bool = False) -> list[tuple[float, int, int, str, int]]:
-        out = []  # (start, priority, tie, kind, chunk)
-        for c in (1, 0):
-            k, mb = vstage(s, c), nb[s][c]
-            if mb < nf[s][c]:
-                ready = f_end.get((k, mb)) if k == last else arrival(b_end, k + 1, mb, s)
-                if ready is not None:
-                    out.append((max(free[s], ready), 0, 1 - c, "B", c))
-        for c in (1, 0):
-            k, mb = vstage(s, c), nf[s][c]
-            # the first chunk runs ahead of the second by no more than the V between them holds
-            # (2 (p - s) - 1 virtual stages): more only fills memory the second chunk then lacks
-            ahead = c == 1 or nf[s][0] - nf[s][1] < 2 * (p - s) - 1
-            if mb < m and ahead and (relax or held[s] + times[s][c].activation <= limit[s] + 1e-9):
-                ready = 0.0 if k == 0 else arrival(f_end, k - 1, mb, s)
-                if ready is not None:
-                    out.append((max(free[s], ready), 1, 1 - c, "F", c))
-        if owed[s]:
-            out.append((free[s], 2, 0, "W", owed[s][0][0]))
-        return out
-
-    def pick(relax: bool):
-        best = None
-        for s in range(p):
-            opts = options(s, relax)
-            if not opts:
-                continue
-            now = [o for o in opts if o[0] <= free[s]]
-            o = min(now, key=lambda o: o[1:3]) if now else min(opts)
-            if best is None or (o[0], o[1], s) < (best[0][0], best[0][1], best[1]):
-                best = (o, s)
-        return best
-
-    for _ in range(6 * m * p):
-        # every stage at its limit and waiting on another: the earliest forward goes over it
-        best = pick(False) or pick(True)
-        if best is None:
-            raise RuntimeError("greedy ZB-V schedule stuck: no stage can run")
-        (start, _, _, kind, c), s = best
-        t = times[s][c]
-        if kind == "F":
-            mb = nf[s][c]
-            f_end[(vstage(s, c), mb)] = free[s] = start + t.forward
-            nf[s][c] += 1
-            held[s] += t.activation
-        elif kind == "B":
-            mb = nb[s][c]
-            b_end[(vstage(s, c), mb)] = free[s] = start + t.input_grad
-            nb[s][c] += 1
-            held[s] += t.activation * (t.w_share - 1)
-            owed[s].append((c, mb))
-        else:
-            c, mb = owed[s].pop(0)
-            free[s] = start + times[s][c].weight_grad
-            held[s] -= times[s][c].activation * times[s][c].w_share
-        orders[s].append((kind, mb, c))
     return orders
 
 
