@@ -245,7 +245,10 @@ def test_a_real_trace_in_both_modes(pp_trace, sched):
     full = _simulate(zb, root, f"{sched}-full", mode="full")
     assert_same(sym, full)
     assert sym["step_time_s"] < base["step_time_s"]
-    assert sym["bubble_s"] < base["bubble_s"]
+    # the stage that bounds the step (the last, with the head) computes as much and waits less: on
+    # this small TP2 model its waits for the other stages' gradients show as exposed TP collectives
+    assert sym["compute_s"] == pytest.approx(base["compute_s"], rel=0.01)
+    assert sym["bubble_s"] + sym["exposed_comm_s"] < base["bubble_s"] + base["exposed_comm_s"]
     if sched != "zb-h1":
         assert sym["peak_mem_gib"] > base["peak_mem_gib"]
     free = _simulate(zb.model_copy(update={"parallel": zb.parallel.model_copy(update={"post_validation": True})}),

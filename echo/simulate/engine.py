@@ -113,7 +113,7 @@ class EngineResult:
     """The simulated step."""
 
     step_us: float
-    critical_stage: int          # the stage that finishes last
+    critical_stage: int          # the stage that bounds the step (critical_of)
     stages: tuple[StageTimes, ...]
     events: tuple[Event, ...]
     mode: str = "symmetric"
@@ -432,5 +432,17 @@ def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
     else:
         step = max(led.free for led in run.ledgers)
         stages = tuple(led.times(step) for led in run.ledgers)
-    critical = max(range(len(stages)), key=lambda s: (stages[s].end_us, -s))
-    return EngineResult(step_us=step, critical_stage=critical, stages=stages, events=tuple(run.events))
+    return EngineResult(step_us=step, critical_stage=critical_of(stages), stages=stages, events=tuple(run.events))
+
+
+def critical_of(times: Sequence[StageTimes]) -> int:
+    """The stage (or rank) that bounds the step: the one that waited least for the others (its
+    bubble; within a millionth of the step, the one that finishes last, then the first). Every
+    stage's breakdown adds up to the step, and with a synchronizing optimizer step all of them end
+    within the spread of their optimizer steps, so the last to finish says little: a pipeline
+    whose first rank holds two light chunks (DualPipeV with the embedding and the head on rank 0)
+    would report that rank's waiting as the step's bubble."""
+    step = max(t.end_us for t in times)
+    least = min(t.bubble_us for t in times)
+    near = [i for i, t in enumerate(times) if t.bubble_us <= least + 1e-6 * step]
+    return max(near, key=lambda i: (times[i].end_us, -i))

@@ -31,6 +31,7 @@ from echo.simulate.engine import (
     Event,
     Ledger,
     StageTimes,
+    critical_of,
     drain_of,
     stage_programs,
     task_label,
@@ -278,8 +279,8 @@ def simulate_full(ranks: Sequence[RankSpec], orders: Sequence[Sequence[Task]],
         if not members:
             raise ValueError(f"full mode: no rank on pipeline stage {s}")
         stages.append(per_rank[max(members, key=lambda i: (per_rank[i].end_us, -i))])
-    critical_stage = max(range(len(stages)), key=lambda s: (stages[s].end_us, -s))
-    critical_rank = order[max(range(len(order)), key=lambda i: (per_rank[i].end_us, -i))]
+    critical_stage = critical_of(stages)
+    critical_rank = order[critical_of(per_rank)]
     return EngineResult(step_us=step, critical_stage=critical_stage, stages=tuple(stages),
                         events=tuple(sim.events), mode="full", ranks=per_rank, rank_stage=stage_of,
                         critical_rank=critical_rank)
