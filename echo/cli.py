@@ -416,7 +416,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from echo.sweep.search import run_search
     from echo.workflow.paths import SEARCH, TEMPLATES
 
-    out = Path(args.out or SEARCH("", search=args.spec, results=args.results))
+    out = Path(args.out or SEARCH("", search=Path(args.spec).stem, results=args.results))
     cores = args.cores or len(os.sched_getaffinity(0))
     res = run_search(args.spec, out, processes=cores, root=args.config_dir, verify=args.verify,
                      cache_dir=Path(args.templates or TEMPLATES("", results=args.results)))
@@ -626,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("search", cmd_search, "rank every layout of a sweep file, each rank composed from layer templates "
             "(thousands of layouts in minutes; writes results/search/SPEC/)")
-    p.add_argument("spec", help="a config/sweeps/ file's name")
+    p.add_argument("spec", help="a config/sweeps/ file's name, or a spec file's path (*.yaml)")
     p.add_argument("--cores", type=int, default=None, help="worker processes (default: the CPUs this may use)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default results/search/SPEC)")
     p.add_argument("--templates", type=Path, default=None,

@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("echo.simulate",),                      # costs collectives with the network model
     ("echo.plan",),                          # a whole run from a simulated step (failures, cost, energy)
     ("echo.report",),
-    ("echo.validate", "echo.sweep"),
+    ("echo.validate",),
+    ("echo.sweep",),                         # searches; their ranking of published layouts (published.py)
     ("echo.fit",),                           # fits hardware figures by tracing and simulating
     ("echo.workflow",),                      # the seams to Snakemake: paths, settings, params
     ("echo.cli",),

@@ -11,6 +11,7 @@ from test_simulate import check_split, compute, recv, send, topology
 from test_simulate_modes import SLOW, assert_same, traced
 
 from echo.config import parse_workload
+from echo.config.workload import split_with_embedding_and_loss
 from echo.errors import ConfigError
 from echo.simulate import EngineOptions, Program, RankCosts, simulate
 from echo.simulate.costing import split_backward
@@ -285,8 +286,8 @@ def test_rows_and_speedups_by_hand(reference):
                                                                  "zb-gpt-28.3b-p32-b2-v"}
     first = next(r for r in t4 if r.model == "1.5B" and r.micro_batches == 24 and r.paper_schedule == "1F1B")
     assert first.measured_step_s == pytest.approx(6 * 24 / (11.8 * 8))
-    assert zb.stage_layers(22, 8) == [2, 3, 3, 3, 3, 3, 3, 2] and zb.stage_layers(62, 32) == [1] + [2] * 30 + [1]
-    assert zb.stage_layers(30, 32) == [0] + [1] * 30 + [0]  # ZB-V's 2 x 16 virtual stages
+    assert split_with_embedding_and_loss(22, 8) == [2, 3, 3, 3, 3, 3, 3, 2] and split_with_embedding_and_loss(62, 32) == [1] + [2] * 30 + [1]
+    assert split_with_embedding_and_loss(30, 32) == [0] + [1] * 30 + [0]  # ZB-V's 2 x 16 virtual stages
     zb1 = next(r for r in t4 if r.model == "1.5B" and r.micro_batches == 24 and r.paper_schedule == "ZB-1p")
     steps = {first: {"step_time_s": 2.0, "bubble_s": 0.5, "peak_mem_gib": 30.0},
              zb1: {"step_time_s": 1.6, "bubble_s": 0.1, "peak_mem_gib": 31.0}}

@@ -126,6 +126,12 @@ class ParallelConfig(BaseModel):
         None, description="layers of each virtual stage in pipeline order (pp x virtual_stages entries); "
         "default: layers split evenly. Llama 3 405B puts one layer less on the first and last stage. Only the "
         "first and last virtual stage may hold none (the embedding, or the head and loss, alone)")
+    pipeline_split: Literal["even", "embedding_and_loss"] = Field(
+        "even", description="how layers split over the virtual stages when stage_layers is not given: even; "
+        "embedding_and_loss (Megatron-LM's --account-for-embedding-in-pipeline-split and "
+        "--account-for-loss-in-pipeline-split): the embedding and the head and loss count as a layer each, "
+        "so the first and last virtual stage hold one layer less (none, where each stage holds one) and "
+        "(layers + 2) must divide by pp x virtual_stages")
 
     @property
     def placement(self) -> str:
@@ -147,7 +153,11 @@ class ParallelConfig(BaseModel):
     def layers_of(self, layers: int) -> list[int]:
         """Layers of every virtual stage, in pipeline order (stage v*pp + s is chunk v of rank s)."""
         chunks = self.pp * self.virtual_stages
-        return list(self.stage_layers) if self.stage_layers else [layers // chunks] * chunks
+        if self.stage_layers:
+            return list(self.stage_layers)
+        if self.pipeline_split == "embedding_and_loss":
+            return split_with_embedding_and_loss(layers, chunks)
+        return [layers // chunks] * chunks
 
     @property
     def world_size(self) -> int:
@@ -158,6 +168,15 @@ class ParallelConfig(BaseModel):
 # schedule over the traced chunks, the overlap flags) and how many micro-batches it repeats. The
 # trace, dedup and profile stages see the workload without these keys (trace_dump), so changing
 # one re-runs the simulation only, and sweep layouts that differ only in them share one trace.
+def split_with_embedding_and_loss(layers: int, chunks: int) -> list[int]:
+    """Megatron's split with the embedding and the head and loss counted as a layer each: the
+    first and last virtual stage hold one layer less (ValueError when it does not divide)."""
+    per, rest = divmod(layers + 2, chunks)
+    if rest or per < 1 or chunks < 2:
+        raise ValueError(f"{layers} layers + embedding + loss do not split evenly over {chunks} virtual stages")
+    return [per - 1] + [per] * (chunks - 2) + [per - 1]
+
+
 # schedules whose chunks sit in a V on the pipeline ranks (ParallelConfig.placement)
 V_SCHEDULES = ("zb-v", "dualpipev")
 
@@ -278,7 +297,12 @@ class Workload(BaseModel):
         need(m.ffn % p.tp == 0, "model.ffn_hidden", f"ffn_hidden {m.ffn} is not divisible by tp {p.tp}")
         need(m.vocab % p.tp == 0, "model.vocab", f"vocab {m.vocab} is not divisible by tp {p.tp}")
         chunks = p.pp * p.virtual_stages
-        if p.stage_layers is None:
+        need(p.stage_layers is None or p.pipeline_split == "even", "parallel.pipeline_split",
+             "stage_layers gives the split itself: leave pipeline_split at even")
+        if p.stage_layers is None and p.pipeline_split == "embedding_and_loss":
+            need((m.layers + 2) % chunks == 0 and chunks > 1, "parallel.pipeline_split",
+                 f"layers {m.layers} + embedding + loss = {m.layers + 2} are not divisible by pp x virtual_stages = {chunks}")
+        elif p.stage_layers is None:
             need(m.layers % chunks == 0, "model.layers", f"layers {m.layers} are not divisible by pp x virtual_stages = {chunks}")
         else:
             need(len(p.stage_layers) == chunks, "parallel.stage_layers",

@@ -16,7 +16,7 @@ from echo.sweep.spec import AXES, Expansion, split_name
 def _axis_type(axis: str) -> pa.DataType:
     if axis in ("schedule", "recompute"):
         return pa.string()
-    if axis == "sequence_parallel":
+    if axis in ("sequence_parallel", "post_validation"):
         return pa.bool_()
     return pa.int64()
 

@@ -168,9 +168,10 @@ def finish(plan: Plan, rows: list[dict], checks: list[dict], capacity_gib: float
 
 
 def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None = None,
-               cache_dir: Path | None = None, verify: int | None = None) -> dict:
-    """Search ``config/sweeps/{name}.yaml`` in this process (``processes`` at once); write the
-    tables and figures into ``out_dir``."""
+               cache_dir: Path | None = None, verify: int | None = None, calibrate_dir: Path | None = None) -> dict:
+    """Search ``config/sweeps/{name}.yaml`` (or the spec file ``name``) in this process
+    (``processes`` at once); write the tables and figures into ``out_dir``. Each topology is
+    calibrated into ``calibrate_dir`` (default ``out_dir/calibrate``) unless it is there."""
     from echo.config import load_hardware, load_topology
     from echo.network import run_calibrate
 
@@ -184,7 +185,7 @@ def run_search(name: str, out_dir: Path, processes: int = 1, root: Path | None =
     cache = Path(cache_dir or out_dir / "templates")
     calib = {}
     for topo in topologies:
-        calib[topo.name] = out_dir / "calibrate" / topo.name
+        calib[topo.name] = Path(calibrate_dir or out_dir / "calibrate") / topo.name
         if not (calib[topo.name] / "collectives.parquet").is_file():
             run_calibrate(topo, calib[topo.name])
     progress = _Progress(name, len(exp.kept))

@@ -117,17 +117,21 @@ def _evaluate(i: int) -> list[dict]:
     w = c.workload
     with tempfile.TemporaryDirectory(prefix=".layout-", dir=s["work"]) as tmp:
         tmp = Path(tmp)
+        trace = tmp / "trace"
         if c.name in s["full"]:
-            run_trace(w, tmp / "trace")  # every role, a worker process each, over this process's cores
+            # layouts that differ only in what the tracer does not read share one trace, as in a sweep
+            trace = Path(s["work"]) / "full" / c.trace
+            if not (trace / "ranks.parquet").is_file():
+                run_trace(s["traces"][c.trace], trace)  # every role, a worker process each, over this process's cores
         else:
-            compose_trace(w, tmp / "trace", s["cache"])
-        write_parquet(rank_classes(w, read_parquet(tmp / "trace" / "ranks.parquet", TRACED_RANKS)), tmp / "classes.parquet",
+            compose_trace(w, trace, s["cache"])
+        write_parquet(rank_classes(w, read_parquet(trace / "ranks.parquet", TRACED_RANKS)), tmp / "classes.parquet",
                       RANK_CLASSES)
-        run_profile(s["hardware"], tmp / "trace", tmp / "kernels.parquet")
+        run_profile(s["hardware"], trace, tmp / "kernels.parquet")
         rows = []
         for topo in s["topologies"]:
             network, timer = s["timers"][topo.name]
-            summary = run_simulate(w, s["hardware"], topo, tmp / "trace", tmp / "classes.parquet",
+            summary = run_simulate(w, s["hardware"], topo, trace, tmp / "classes.parquet",
                                    tmp / "kernels.parquet", s["calib"][topo.name], tmp / "sim" / topo.name,
                                    network=network, timer=timer, summary_only=True)
             rows.append({**summary.to_pylist()[0], "layout": c.name})
@@ -232,7 +236,7 @@ def evaluate(plan: Plan, indices: list[int], cache: Path, hardware, topologies: 
         timers[topo.name] = (network, CommTimer(network))
     work.mkdir(parents=True, exist_ok=True)
     _STATE.update(kept=plan.kept, cache=cache, hardware=hardware, topologies=topologies, calib=calib, work=work,
-                  timers=timers, full=plan.full)
+                  timers=timers, full=plan.full, traces=plan.exp.traces)
     for i in [i for i in indices if plan.kept[i].name in plan.full]:  # here: their traces use every core
         on_rows(_evaluate(i))
     ctx = multiprocessing.get_context("fork")

@@ -24,7 +24,7 @@ virtual stage is 1F1B).
 
 Each kept layout is a workload named ``{sweep}--{tokens}``, e.g. ``gpt3-175b-a100--tp8-pp8-dp16``:
 tokens for tp, pp and dp always, and for every other setting that differs from Echo's defaults
-(cp1 ep1 z1 1f1b v1 mb1 rnone sp0), so a name depends on the layout only, not on which axes the
+(cp1 ep1 z1 1f1b v1 mb1 rnone sp0 pv0), so a name depends on the layout only, not on which axes the
 sweep happens to list. The workflow resolves these names from the sweep file (no generated config
 files are needed to build the DAG), so ``results/simulate/{workload}/...`` paths keep working.
 
@@ -60,11 +60,12 @@ AXES: dict[str, str] = {
     "tp": "parallel", "pp": "parallel", "dp": "parallel", "cp": "parallel", "ep": "parallel",
     "zero": "parallel", "schedule": "parallel", "virtual_stages": "parallel",
     "micro_batch": "training", "recompute": "training", "sequence_parallel": "parallel",
+    "post_validation": "parallel",
 }
 # Settings the name leaves out when they hold Echo's default value.
 DEFAULTS: dict[str, Any] = {
     "cp": 1, "ep": 1, "zero": 1, "schedule": "1f1b", "virtual_stages": 1, "micro_batch": 1,
-    "recompute": "none", "sequence_parallel": False,
+    "recompute": "none", "sequence_parallel": False, "post_validation": False,
 }
 # The sweep axes the tracer does not read (echo.config.workload.NOT_TRACED): layouts differing
 # only in these share a trace.
@@ -72,6 +73,12 @@ NOT_TRACED = tuple(a for a in NOT_TRACED_KEYS["parallel"] if a in AXES)
 
 
 def sweep_path(name: str, root: Path | None = None) -> Path:
+    """config/sweeps/{name}.yaml, or ``name`` itself when it is a path ending in .yaml (a spec kept
+    elsewhere, e.g. one a validation writes; its layouts are named after the file's stem)."""
+    if name.endswith((".yaml", ".yml")):
+        if not Path(name).is_file():
+            raise ConfigError(Path(name), "sweep", "no such spec file")
+        return Path(name)
     folder = (root or CONFIG_ROOT) / "sweeps"
     path = folder / f"{name}.yaml"
     if not path.is_file():
@@ -159,6 +166,8 @@ def _token(axis: str, value: Any) -> str:
         return f"r{value}"
     if axis == "sequence_parallel":
         return f"sp{int(bool(value))}"
+    if axis == "post_validation":
+        return f"pv{int(bool(value))}"
     return f"{axis}{value}"
 
 
@@ -182,10 +191,12 @@ def split_name(workload: str) -> tuple[str, str]:
 def trace_values(values: dict[str, Any]) -> dict[str, Any]:
     """A layout's values as its shared trace has them: settings the tracer does not read set to
     the value that keeps the workload valid (interleaved needs virtual_stages > 1 to differ); a V
-    placement (zb-v) is traced, so it keeps its schedule (Workload.traced)."""
+    placement (zb-v) is traced, so it keeps its schedule (Workload.traced); post-validation is
+    simulation only."""
+    untraced = {"post_validation": DEFAULTS["post_validation"]}
     if values["schedule"] in V_SCHEDULES:
-        return dict(values)
-    return {**values, "schedule": "interleaved" if values["virtual_stages"] > 1 else "1f1b"}
+        return {**values, **untraced}
+    return {**values, **untraced, "schedule": "interleaved" if values["virtual_stages"] > 1 else "1f1b"}
 
 
 # --- loading and expanding ---------------------------------------------------------------------------

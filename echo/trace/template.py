@@ -95,7 +95,7 @@ def template_workload(w: Workload, stages: int, depth: int = DEPTH) -> Workload:
     # ZeRO 0-2 differ only in the gradient reduction and the step, which are traced for the
     # target itself (echo.trace.compose): one template serves all three
     parallel = p.model_copy(update={"pp": stages, "dp": dp, "virtual_stages": 1, "schedule": "1f1b",
-                                    "stage_layers": None, "zero": 1})
+                                    "stage_layers": None, "pipeline_split": "even", "zero": 1})
     training = t.training.model_copy(update={"global_batch": t.training.micro_batch * dp * stages})
     model = t.model.model_copy(update={"layers": stages * depth})
     return t.model_copy(update={"name": f"{w.name}--template-{stages}x{depth}", "model": model,

@@ -22,6 +22,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from echo.config.workload import split_with_embedding_and_loss
 from echo.reference import reference_file
 from echo.validate.rows import BRIDGE, Row, _read
 
@@ -75,14 +76,16 @@ def preset_settings(path: Path = SETTINGS_FILE) -> dict[tuple[str, str, str, str
 
 def stage_layers(layers: int, chunks: int) -> list[int] | None:
     """Layers per virtual stage: even when they divide, else Megatron's split with the embedding
-    and the loss counted as one layer each (None when that does not divide either)."""
+    and the loss counted as one layer each (None when that does not divide either, or would leave
+    the first or last stage without a layer)."""
     if layers % chunks == 0:
         return [layers // chunks] * chunks
-    total = layers + 2
-    if total % chunks or total // chunks < 2:
+    if (layers + 2) // chunks < 2:
         return None
-    per = total // chunks
-    return [per - 1] + [per] * (chunks - 2) + [per - 1]
+    try:
+        return split_with_embedding_and_loss(layers, chunks)
+    except ValueError:
+        return None
 
 
 def parse_layout(text: str) -> list[int] | None:

@@ -44,7 +44,7 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
 RULE_STAGE = {"plot_experiment": "report", "plot_overview": "report", "plot_sweep": "report",
               "sweep_layouts": "sweep", "sweep_rank": "sweep", "compare": "validate",
               "validate_local": "validate", "validate_errors": "validate", "import_kineto": "profile",
-              "fit_overlay": "profile"}
+              "fit_overlay": "profile", "validate_search_rankings": "search"}
 
 
 def _module_files(module: str, root: Path, whole_package: bool) -> list[Path]:

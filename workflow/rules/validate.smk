@@ -6,6 +6,8 @@
 #   validate_errors results/validate/errors.md            the tables of errors (for the README)
 #   validate_zero_bubble results/validate/zero_bubble.{parquet,md}  the zero-bubble paper's
 #                   measured schedules (one trace per model, each row's schedule simulated from it)
+#   validate_search_rankings results/validate/search_rankings.{parquet,md}  the search's ranking of
+#                   the layouts the zero-bubble paper measured side by side, next to the measured order
 # `make validate` asks for errors.md, which needs all of them.
 
 from echo.validate import zero_bubble as zb
@@ -126,3 +128,28 @@ rule validate_zero_bubble:
         "../envs/echo.yaml"
     script:
         "../scripts/validate_zero_bubble.py"
+
+
+rule validate_search_rankings:
+    input:
+        references=[REFERENCE / zb.THROUGHPUT, REFERENCE / zb.MODELS],
+        collectives=paths.CALIBRATE("collectives.parquet", topology=zb.TOPOLOGY),
+        workloads=[CONFIG_DIR / "workloads" / f"{w}.yaml" for w in ZB_WORKLOADS],
+    output:
+        table=paths.VALIDATE("search_rankings.parquet"),
+        markdown=paths.VALIDATE("search_rankings.md"),
+    params:
+        reference=lambda w, input: str(Path(input.references[0]).parent),
+        config_dir=lambda w, input: str(Path(input.workloads[0]).parent.parent),
+        calibrate_dir=lambda w, input: str(Path(input.collectives).parent.parent),
+        work=lambda w, output: str(Path(output.table).with_suffix("")),  # specs, searches, templates
+        code=code_version("search"),
+    threads: workflow.cores
+    log:
+        "logs/validate/search_rankings.log",
+    benchmark:
+        "results/benchmarks/validate/search_rankings.tsv"
+    conda:
+        "../envs/echo.yaml"
+    script:
+        "../scripts/validate_search_rankings.py"
