@@ -132,6 +132,38 @@ def test_a_search_ranks_composed_and_fully_traced_layouts_together(config_root: 
     assert all(r["step_time_s"] > 0 for r in rows)
 
 
+@pytest.mark.slow  # two small searches (about half a minute)
+def test_what_cannot_fit_is_dropped_with_its_memory_and_not_simulated(config_root: Path, tmp_path):
+    """The same layouts on a device that holds only the lighter half: those over it keep their
+    memory figures (as simulated before) and overflow term, and get no step time; the others
+    are simulated as before."""
+    import yaml
+
+    spec = {**TINY, "gpus": 4, "verify": 1, "axes": {"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2],
+                                                    "recompute": ["none", "full"]}}
+    write_sweep(config_root, "m", spec)
+    S.run_search("m", tmp_path / "a", processes=2, root=config_root)
+    before = {r["layout"]: r for r in pq.read_table(tmp_path / "a" / "ranking.parquet").to_pylist()}
+    assert len(before) == 16 and all(r["fits"] and r["step_time_s"] > 0 for r in before.values())
+    hw = config_root / "hardware" / "h100-sxm-80gb.yaml"
+    data = yaml.safe_load(hw.read_text())
+    device = sorted(r["peak_mem_gib"] for r in before.values())
+    data["memory_gib"] = (device[7] + device[8]) / 2 + 0.75  # framework buffers come on top of peak_mem
+    hw.write_text(yaml.safe_dump(data))
+    S.run_search("m", tmp_path / "b", processes=2, root=config_root)
+    after = pq.read_table(tmp_path / "b" / "ranking.parquet").to_pylist()
+    over = [r for r in after if not r["fits"]]
+    assert 0 < len(over) < 16 and all(r["rank"] is None for r in over)
+    for r in after:
+        was = before[r["layout"]]
+        assert r["peak_mem_gib"] == pytest.approx(was["peak_mem_gib"], rel=1e-12), r["layout"]
+        if r["fits"]:
+            assert r["step_time_s"] == was["step_time_s"]
+        else:
+            assert r["step_time_s"] is None and r["overflow"]
+    assert [r["fits"] for r in after] == sorted((r["fits"] for r in after), reverse=True)
+
+
 def test_overflow_names_the_memory_term_that_passes_the_capacity():
     row = {"fits": False, "mem_state_gib": 50.0, "mem_activations_gib": 40.0, "mem_working_gib": 1.0}
     assert S.overflow(row, 80.0).startswith("activations (90.0 GiB")

@@ -12,12 +12,13 @@ from echo.report.plots import plt, save
 def front_figure(rows: Sequence[dict], front: Sequence[dict], x: str, xlabel: str, title: str):
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     fit = [r for r in rows if r["fits"]]
-    over = [r for r in rows if not r["fits"]]
+    # what does not fit is drawn where it was simulated (a search drops most of it unsimulated)
+    over = [r for r in rows if not r["fits"] and r["step_time_s"] is not None]
     ax.scatter([r[x] for r in fit], [r["step_time_s"] for r in fit], s=9, color="#4C72B0", alpha=0.5,
                label=f"fits in memory ({len(fit)})")
     if over:
         ax.scatter([r[x] for r in over], [r["step_time_s"] for r in over], s=9, color="#C44E52", alpha=0.3,
-                   marker="x", label=f"does not fit ({len(over)})")
+                   marker="x", label=f"does not fit ({len(over)} simulated)")
     if front:
         pts = sorted(front, key=lambda r: r[x])
         ax.step([r[x] for r in pts], [r["step_time_s"] for r in pts], where="post", color="#DD8452",

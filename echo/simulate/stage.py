@@ -32,7 +32,7 @@ from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
 from echo.simulate.perfetto import chrome_trace, timeline_table
 from echo.simulate.program import RankCosts, scale_compute, slowest
 from echo.simulate.schedule_table import schedule_table
-from echo.simulate.summary import ClassInfo, summary_table
+from echo.simulate.summary import ClassInfo, MemoryBreakdown, rank_breakdown, summary_table
 from echo.training.schedule import TIMED, orders_of
 
 MODES = ("symmetric", "full")
@@ -118,13 +118,44 @@ def load_classes(workload, trace_dir: Path, rank_classes_path: Path, ctx: OpCont
         out.append(ClassInfo(
             class_id=c["class_id"], representative=rep, stages=tuple(c["stages"]), ranks=c["ranks"],
             costs=reduce_rank(ops[rep], comms[rep], ctx, waits[rep], consumers[rep]),
-            state_bytes=mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_bytes"],
-            activation_bytes=mem["activation_bytes_per_microbatch"],
-            peak_bytes=mem.get("peak_bytes_per_microbatch") or 0,  # traces before the live meter lack it
-            reserved_bytes=mem.get("reserved_bytes_per_microbatch") or 0,
-            communicators=communicators(comms[rep].values()),
-            chunk_activation_bytes=tuple(mem.get("activation_bytes_per_chunk") or ())))
+            communicators=communicators(comms[rep].values()), **_memory_figures(mem)))
     return out
+
+
+def _memory_figures(mem: dict) -> dict:
+    """A traced rank's memory figures (its ranks.parquet row) as ClassInfo's fields."""
+    return {"state_bytes": mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_bytes"],
+            "activation_bytes": mem["activation_bytes_per_microbatch"],
+            "peak_bytes": mem.get("peak_bytes_per_microbatch") or 0,  # traces before the live meter lack it
+            "reserved_bytes": mem.get("reserved_bytes_per_microbatch") or 0,
+            "chunk_activation_bytes": tuple(mem.get("activation_bytes_per_chunk") or ())}
+
+
+def memory_floor(workload, trace_dir: Path, rank_classes_path: Path) -> list[MemoryBreakdown] | None:
+    """Each pipeline stage's memory breakdown from the trace's figures alone, before any kernel is
+    costed or replayed (a search drops what cannot fit without simulating it): what the summary
+    reports where the schedule's order keeps no weight-gradient pass for later, a lower bound where
+    it does (the bytes a pending W holds come from the costed programs), None where the order is
+    itself built from the pass times (``TIMED``)."""
+    par = workload.parallel
+    if par.schedule in TIMED:
+        return None
+    orders = orders_of(par, workload.micro_batches)
+    table = _class_table(Path(rank_classes_path))
+    reps = {c["representative"] for c in table}
+    comms = _rows_by_rank(Path(trace_dir) / "comms.parquet", COMMS, COMMS_COLUMNS, reps)
+    memory = {r["rank"]: r for r in read_parquet(Path(trace_dir) / "ranks.parquet", TRACED_RANKS).to_pylist()}
+    peak: list[MemoryBreakdown | None] = [None] * len(orders)
+    for c in table:
+        f = _memory_figures(memory[c["representative"]])
+        for s in c["stages"]:  # as summary.stage_breakdowns: the stage's hungriest class
+            b = rank_breakdown(state=f["state_bytes"], activation=f["activation_bytes"], peak=f["peak_bytes"],
+                               reserved=f["reserved_bytes"], chunk_activation=f["chunk_activation_bytes"],
+                               communicators=communicators(comms[c["representative"]]),
+                               chunks=par.virtual_stages, order=orders[s])
+            if peak[s] is None or b.device > peak[s].device:
+                peak[s] = b
+    return [b or MemoryBreakdown(0.0, 0.0, 0.0, 0.0) for b in peak]
 
 
 def communicators(comms) -> int:

@@ -187,6 +187,24 @@ def stage_breakdowns(classes: Sequence[ClassInfo], orders: Sequence[Sequence[Tas
     return [b or MemoryBreakdown(0.0, 0.0, 0.0, 0.0) for b in peak]
 
 
+# the summary's memory columns besides peak_mem_gib and the per-stage lists (memory_columns)
+MEMORY_COLUMNS = ("fits", "device_mem_gib", "mem_state_gib", "mem_activations_gib", "mem_working_gib",
+                  "mem_framework_gib", "mem_fragmentation_gib")
+
+
+def memory_columns(breakdowns: Sequence[MemoryBreakdown], capacity_gib: float) -> dict:
+    """A summary row's memory columns from each stage's breakdown: the peak, whether every stage
+    fits ``capacity_gib``, and the terms of the stage that needs the most device memory."""
+    mem = [b.allocator / GIB for b in breakdowns]
+    device = [b.device / GIB for b in breakdowns]
+    worst = breakdowns[max(range(len(device)), key=device.__getitem__)]
+    return {"peak_mem_gib": max(mem), "fits": max(device) <= capacity_gib, "device_mem_gib": max(device),
+            "mem_state_gib": worst.state / GIB, "mem_activations_gib": worst.activations / GIB,
+            "mem_working_gib": worst.working / GIB, "mem_framework_gib": worst.framework / GIB,
+            "mem_fragmentation_gib": worst.fragmentation / GIB,
+            "stage_peak_mem_gib": mem, "stage_device_mem_gib": device}
+
+
 def exposed_by_kind(result: EngineResult, stage: int) -> dict[str, float]:
     """Exposed communication of ``stage`` in seconds, one entry per summary column kind."""
     out = dict.fromkeys((*EXPOSED_KINDS, "other"), 0.0)
@@ -226,10 +244,7 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
     # MFU against the dense bf16 peak for FP8 runs too, as torchtitan and Megatron report it
     peak_tflops = getattr(hardware.peak_tflops, "bf16" if workload.training.dtype == "fp8" else workload.training.dtype)
     exposed = exposed_by_kind(result, result.critical_stage)
-    breakdowns = stage_breakdowns(classes, orders)
-    mem = [b.allocator / GIB for b in breakdowns]
-    device = [b.device / GIB for b in breakdowns]
-    worst = max(range(len(device)), key=device.__getitem__)
+    memory = memory_columns(stage_breakdowns(classes, orders), hardware.memory_gib)
     tokens = workload.training.global_batch * workload.model.seq_len
     row = {
         "workload": workload.name, "hardware": hardware.name, "topology": topology.name,
@@ -237,17 +252,14 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
         "exposed_comm_s": sum(exposed.values()), "bubble_s": crit.bubble_us / 1e6,
         "host_wait_s": host_wait_s(result, result.critical_stage),
         "tokens_per_s": tokens / step_s, "tflops_per_gpu": flops.executed / (world * step_s) / 1e12,
-        "mfu": flops.model / (world * step_s * peak_tflops * 1e12), "peak_mem_gib": max(mem),
-        "sim_wall_s": sim_wall_s,
-        "fits": max(device) <= hardware.memory_gib, "device_mem_gib": max(device),
-        "mem_state_gib": breakdowns[worst].state / GIB, "mem_activations_gib": breakdowns[worst].activations / GIB,
-        "mem_working_gib": breakdowns[worst].working / GIB, "mem_framework_gib": breakdowns[worst].framework / GIB,
-        "mem_fragmentation_gib": breakdowns[worst].fragmentation / GIB,
+        "mfu": flops.model / (world * step_s * peak_tflops * 1e12), "peak_mem_gib": memory.pop("peak_mem_gib"),
+        "sim_wall_s": sim_wall_s, **{k: memory[k] for k in MEMORY_COLUMNS},
         "bubble_fraction": crit.bubble_us / result.step_us,
         "slowdown_s": crit.slowdown_us / 1e6,
         **{f"exposed_{k}_s": v for k, v in exposed.items()},
         "stage_step_time_s": [s.end_us / 1e6 for s in result.stages],
-        "stage_peak_mem_gib": mem, "stage_device_mem_gib": device, "critical_stage": result.critical_stage,
+        "stage_peak_mem_gib": memory["stage_peak_mem_gib"], "stage_device_mem_gib": memory["stage_device_mem_gib"],
+        "critical_stage": result.critical_stage,
         "schedule": workload.parallel.schedule, "micro_batches": m, "pp": len(orders),
         "virtual_stages": classes[0].costs.chunks, "classes": len(classes),
         "executed_flops": flops.executed, "model_flops": flops.model, "events": len(result.events),

@@ -139,7 +139,9 @@ def rank_rows(exp: Expansion, rows: list[dict], capacity_gib: float, full: set[s
                     **{f.name: r.get(f.name) for f in RANKING if f.name in r and f.name not in ("rank", "layout")},
                     "bubble_fraction": r.get("bubble_fraction"), "trace": "traced" if c.name in full else "composed",
                     "gpus": r["world_size"], "overflow": overflow(r, capacity_gib)})
-    out.sort(key=lambda r: (not r["fits"], r["step_time_s"], r["layout"], r["topology"]))
+    # those that fit by step time; those that do not by the memory they need (most were not simulated)
+    out.sort(key=lambda r: (not r["fits"], r["step_time_s"] if r["fits"] else r["peak_mem_gib"], r["layout"],
+                            r["topology"]))
     for i, r in enumerate(out):
         r["rank"] = i + 1 if r["fits"] else None
     return pa.Table.from_pylist(out, schema=SEARCH_RANKING)

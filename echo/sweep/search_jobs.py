@@ -108,6 +108,8 @@ def _evaluate(i: int) -> list[dict]:
     from echo.io import read_parquet, write_parquet
     from echo.profile import run_profile
     from echo.simulate import run_simulate
+    from echo.simulate.stage import memory_floor
+    from echo.simulate.summary import memory_columns
     from echo.trace import run_trace
     from echo.trace.compose import compose_trace
 
@@ -127,6 +129,12 @@ def _evaluate(i: int) -> list[dict]:
             compose_trace(w, trace, s["cache"])
         write_parquet(rank_classes(w, read_parquet(trace / "ranks.parquet", TRACED_RANKS)), tmp / "classes.parquet",
                       RANK_CLASSES)
+        # what cannot fit is dropped with its memory, without costing or replaying it (most of a
+        # search's layouts, and most of its time)
+        floor = memory_floor(w, trace, tmp / "classes.parquet")
+        if floor is not None and not (memory := memory_columns(floor, s["hardware"].memory_gib))["fits"]:
+            return [{"workload": w.name, "hardware": s["hardware"].name, "topology": topo.name,
+                     "world_size": w.world_size, "layout": c.name, **memory} for topo in s["topologies"]]
         run_profile(s["hardware"], trace, tmp / "kernels.parquet")
         rows = []
         for topo in s["topologies"]:
