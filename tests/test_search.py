@@ -164,6 +164,14 @@ def test_what_cannot_fit_is_dropped_with_its_memory_and_not_simulated(config_roo
     assert [r["fits"] for r in after] == sorted((r["fits"] for r in after), reverse=True)
 
 
+def test_rows_of_dropped_and_simulated_layouts_keep_every_column():
+    # a layout dropped for memory first, a simulated one after: the shard and partial files keep
+    # the second's step time (pyarrow alone would take the first row's keys for all)
+    rows = [{"layout": "a", "fits": False, "peak_mem_gib": 90.0},
+            {"layout": "b", "fits": True, "peak_mem_gib": 40.0, "step_time_s": 1.5}]
+    assert S.rows_table(rows).to_pylist() == [{**rows[0], "step_time_s": None}, rows[1]]
+
+
 def test_overflow_names_the_memory_term_that_passes_the_capacity():
     row = {"fits": False, "mem_state_gib": 50.0, "mem_activations_gib": 40.0, "mem_working_gib": 1.0}
     assert S.overflow(row, 80.0).startswith("activations (90.0 GiB")

@@ -44,6 +44,7 @@ from echo.sweep.search_jobs import (  # noqa: F401 (the search's API: echo.cli, 
     expand_search,
     make_plan,
     refusal,
+    rows_table,
     shard_templates,
     trace_templates,
     traced_in_full,
@@ -100,7 +101,7 @@ class _Partial:
         self.pending += rows
         if self.pending and (last or len(self.pending) >= self.EVERY):
             n = len(list(self.folder.glob("rows-*.parquet")))
-            write_parquet(pa.Table.from_pylist(self.pending), self.folder / f"rows-{n:05d}.parquet")
+            write_parquet(rows_table(self.pending), self.folder / f"rows-{n:05d}.parquet")
             self.rows += self.pending
             self.pending = []
 

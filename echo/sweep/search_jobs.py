@@ -95,6 +95,15 @@ def _batches(kept: list[Candidate], todo: list[int], signatures: dict[int, str])
     return [batches[k] for k in sorted(batches)]
 
 
+def rows_table(rows: list[dict]):
+    """Summary rows as one Arrow table over every key any row has (a layout dropped for memory has
+    no step-time columns; pyarrow would otherwise take the first row's keys for all)."""
+    import pyarrow as pa
+
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows])
+
+
 def _evaluate_batch(batch: list[int]) -> list[dict]:
     return [r for i in batch for r in _evaluate(i)]
 

@@ -10,11 +10,9 @@ def main() -> None:
     import tempfile
     from pathlib import Path
 
-    import pyarrow as pa
-
     from echo.config import Hardware, Topology
     from echo.io import write_parquet
-    from echo.sweep.search import evaluate, make_plan
+    from echo.sweep.search import evaluate, make_plan, rows_table
 
     plan = make_plan(sm.wildcards.search)
     spec = sm.params.search
@@ -26,7 +24,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix=".shard-", dir=out.parent) as work:
         evaluate(plan, plan.shards[int(sm.wildcards.shard)], out.parents[1] / "templates", hardware, topologies,
                  calib, Path(work), sm.threads, rows.extend)
-    write_parquet(pa.Table.from_pylist(rows), out)
+    write_parquet(rows_table(rows), out)
 
 
 _stage.run(sm, main)
