@@ -300,8 +300,11 @@ class Workload(BaseModel):
         need(p.stage_layers is None or p.pipeline_split == "even", "parallel.pipeline_split",
              "stage_layers gives the split itself: leave pipeline_split at even")
         if p.stage_layers is None and p.pipeline_split == "embedding_and_loss":
-            need((m.layers + 2) % chunks == 0 and chunks > 1, "parallel.pipeline_split",
-                 f"layers {m.layers} + embedding + loss = {m.layers + 2} are not divisible by pp x virtual_stages = {chunks}")
+            try:
+                split_with_embedding_and_loss(m.layers, chunks)
+            except ValueError:
+                need(False, "parallel.pipeline_split", f"layers {m.layers} + embedding + loss = {m.layers + 2} are "
+                     f"not divisible by pp x virtual_stages = {chunks}")
         elif p.stage_layers is None:
             need(m.layers % chunks == 0, "model.layers", f"layers {m.layers} are not divisible by pp x virtual_stages = {chunks}")
         else:

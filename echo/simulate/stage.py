@@ -32,7 +32,7 @@ from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
 from echo.simulate.perfetto import chrome_trace, timeline_table
 from echo.simulate.program import RankCosts, scale_compute, slowest
 from echo.simulate.schedule_table import schedule_table
-from echo.simulate.summary import ClassInfo, MemoryBreakdown, rank_breakdown, summary_table
+from echo.simulate.summary import ClassInfo, MemoryBreakdown, hungriest, rank_breakdown, summary_table
 from echo.training.schedule import TIMED, orders_of
 
 MODES = ("symmetric", "full")
@@ -145,17 +145,16 @@ def memory_floor(workload, trace_dir: Path, rank_classes_path: Path) -> list[Mem
     reps = {c["representative"] for c in table}
     comms = _rows_by_rank(Path(trace_dir) / "comms.parquet", COMMS, COMMS_COLUMNS, reps)
     memory = {r["rank"]: r for r in read_parquet(Path(trace_dir) / "ranks.parquet", TRACED_RANKS).to_pylist()}
-    peak: list[MemoryBreakdown | None] = [None] * len(orders)
-    for c in table:
+
+    def breakdowns(c: dict):
         f = _memory_figures(memory[c["representative"]])
-        for s in c["stages"]:  # as summary.stage_breakdowns: the stage's hungriest class
-            b = rank_breakdown(state=f["state_bytes"], activation=f["activation_bytes"], peak=f["peak_bytes"],
-                               reserved=f["reserved_bytes"], chunk_activation=f["chunk_activation_bytes"],
-                               communicators=communicators(comms[c["representative"]]),
-                               chunks=par.virtual_stages, order=orders[s])
-            if peak[s] is None or b.device > peak[s].device:
-                peak[s] = b
-    return [b or MemoryBreakdown(0.0, 0.0, 0.0, 0.0) for b in peak]
+        for s in c["stages"]:
+            yield s, rank_breakdown(state=f["state_bytes"], activation=f["activation_bytes"], peak=f["peak_bytes"],
+                                    reserved=f["reserved_bytes"], chunk_activation=f["chunk_activation_bytes"],
+                                    communicators=communicators(comms[c["representative"]]),
+                                    chunks=par.virtual_stages, order=orders[s])
+
+    return hungriest(len(orders), (pair for c in table for pair in breakdowns(c)))
 
 
 def communicators(comms) -> int:

@@ -35,7 +35,7 @@ working memory + fragmentation: torch.cuda.max_memory_reserved, which torchtitan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -176,15 +176,20 @@ def class_peak_bytes(c: ClassInfo, order: Sequence[Task]) -> float:
     return memory_breakdown(c, order).allocator
 
 
+def hungriest(stages: int, breakdowns: Iterable[tuple[int, MemoryBreakdown]]) -> list[MemoryBreakdown]:
+    """Per pipeline stage, the breakdown that needs the most device memory of those given for it
+    ((stage, breakdown) pairs; a stage given none: zeros)."""
+    peak: list[MemoryBreakdown | None] = [None] * stages
+    for s, b in breakdowns:
+        if peak[s] is None or b.device > peak[s].device:
+            peak[s] = b
+    return [b or MemoryBreakdown(0.0, 0.0, 0.0, 0.0) for b in peak]
+
+
 def stage_breakdowns(classes: Sequence[ClassInfo], orders: Sequence[Sequence[Task]]) -> list[MemoryBreakdown]:
     """Per pipeline stage, the breakdown of its hungriest class (by device memory)."""
-    peak: list[MemoryBreakdown | None] = [None] * len(orders)
-    for c in classes:
-        for s in c.stages:  # in flight depends on the stage's place in the pipeline
-            b = memory_breakdown(c, orders[s])
-            if peak[s] is None or b.device > peak[s].device:
-                peak[s] = b
-    return [b or MemoryBreakdown(0.0, 0.0, 0.0, 0.0) for b in peak]
+    # in flight depends on the stage's place in the pipeline
+    return hungriest(len(orders), ((s, memory_breakdown(c, orders[s])) for c in classes for s in c.stages))
 
 
 # the summary's memory columns besides peak_mem_gib and the per-stage lists (memory_columns)
