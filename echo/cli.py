@@ -52,7 +52,7 @@ def positive(text: str) -> float:
 
 
 def straggler(text: str) -> tuple[int, float]:
-    """``RANK:FACTOR`` (``--straggler 17:1.1``)."""
+    """``RANK:FACTOR`` (``--straggler 17:1.1``; ``--slow-node`` takes a node index the same way)."""
     rank, sep, factor = text.partition(":")
     try:
         pair = int(rank), float(factor)
@@ -167,6 +167,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if stragglers and max(stragglers) >= workload.world_size:
         raise ConfigError(config_path("workload", w, args.config_dir), "parallel",
                           f"--straggler rank {max(stragglers)} is not in the job (world size {workload.world_size})")
+    slow_nodes = dict(args.slow_node or [])
+    nodes = -(-workload.world_size // topology.node_ranks)
+    if slow_nodes and max(slow_nodes) >= nodes:
+        raise ConfigError(config_path("topology", t, args.config_dir), "gpus_per_node",
+                          f"--slow-node {max(slow_nodes)} is not in the job ({nodes} nodes of {topology.node_ranks} ranks)")
     stage_kernels: dict[int, list[Path]] = {}
 
     def kernels_of(other: str) -> Path:
@@ -186,7 +191,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             stage_kernels.setdefault(s, [p["kernels"]]).append(kernels_of(other))
     run_simulate(workload, hardware, topology, p["trace_dir"], p["rank_classes"], p["kernels"],
                  p["calib_dir"], p["simulate_dir"], overlap=measured if measured.exists() else None,
-                 stragglers=stragglers, stage_kernels=stage_kernels or None)
+                 stragglers=stragglers, stage_kernels=stage_kernels or None, slow_nodes=slow_nodes or None)
     from echo.report.audit import summaries_table
 
     print(summaries_table([p["simulate_dir"] / "summary.parquet"], args.results))
@@ -460,34 +465,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_plan_search(args: argparse.Namespace) -> int:
-    import pyarrow as pa
+    from echo.io import read_parquet
+    from echo.sweep.time_to_train import plan_search
 
-    from echo.config import load_hardware, load_site, load_topology
-    from echo.io import read_parquet, write_parquet
-    from echo.plan.scaling import scaling_plans
-    from echo.report.plots import save, time_to_train
-    from echo.sweep.spec import expansion, load_sweep
-
-    sweep, path = load_sweep(args.spec, root=args.config_dir)
-    exp = expansion(args.spec, args.config_dir)
-    if not exp.kept:
-        raise ConfigError(path, "axes", "the search keeps no layout")
-    site = load_site(args.site, root=args.config_dir)
-    hardware = load_hardware(sweep.hardware, root=args.config_dir)
     out = args.out or args.results / "search" / args.spec
     ranking = out / "ranking.parquet"
     _need(ranking, hint=f"run the search first: python -m echo search {args.spec}")
-    rows = read_parquet(ranking).to_pylist()
-    topologies = {t: load_topology(t, root=args.config_dir) for t in {r["topology"] for r in rows}}
-    planned = scaling_plans(exp.kept[0].workload, hardware, topologies, site, rows, args.tokens,
-                            usd_per_gpu_hour=args.usd_per_gpu_hour)
-    table = [{"gpus": p.gpus, "layout": r["layout"], "topology": p.topology, "step_time_s": p.step_time_s,
-              "effective_training_time": p.effective_training_time, "ideal_days": p.ideal_days,
-              "time_to_train_days": p.time_to_train_days, "interruptions": p.interruptions,
-              "gpu_hours": p.gpu_hours, "cost_usd": p.cost_usd, "energy_mwh": p.energy_mwh} for r, p in planned]
-    write_parquet(pa.Table.from_pylist(table), out / "time_to_train.parquet")
-    save(time_to_train(table, f"{args.spec}: {args.tokens:.3g} tokens on {sweep.hardware}, site {args.site}"),
-         out / "time_to_train.png")
+    table = plan_search(args.spec, read_parquet(ranking).to_pylist(), args.tokens, args.site,
+                        out / "time_to_train.parquet", out / "time_to_train.png", config_dir=args.config_dir,
+                        usd_per_gpu_hour=args.usd_per_gpu_hour)
     for t in table:
         cost = "unknown" if t["cost_usd"] is None else f"${t['cost_usd'] / 1e6:,.1f}M"
         print(f"{t['gpus']:>7,} GPUs  {t['time_to_train_days']:7.1f} days (ETTR {t['effective_training_time']:.1%})  "
@@ -548,6 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", required=True)
     p.add_argument("--straggler", type=straggler, action="append", metavar="RANK:FACTOR",
                    help="a GPU whose kernels take FACTOR times as long (e.g. 17:1.1); may be repeated")
+    p.add_argument("--slow-node", type=straggler, action="append", metavar="NODE:FACTOR",
+                   help="a node whose NICs deliver 1/FACTOR of the fitted bandwidth (a link straggler, e.g. 3:2): "
+                   "transfers crossing it take that much longer; may be repeated")
     p.add_argument("--stage-hardware", type=stage_hardware, action="append", metavar="STAGES:HARDWARE",
                    help="a heterogeneous job: pipeline stages (4-7 or 2) that run on another GPU model (the "
                    "workload profiled on it first); may be repeated")

@@ -233,3 +233,54 @@ def test_time_to_train_against_gpu_count_from_a_search(tmp_path):
     assert days[0] > days[1] > days[2] and ettr[0] > ettr[1] > ettr[2]
     missing = _echo("plan-search", "llama3-70b-h100-512-search", "--tokens", "1e12", "--out", str(tmp_path / "x"))
     assert missing.returncode == 1 and "python -m echo search" in missing.stderr
+
+
+def test_the_report_summaries_gain_each_experiments_plan(tmp_path):
+    """rule plan_experiment's row (plan_record) joined to the summaries on the experiment's names:
+    the plan's figures as plan_ columns, a summary without a plan kept with nulls."""
+    import pyarrow.parquet as pq
+
+    from echo.plan.table import PLAN_COLUMNS, plan_record, plan_table
+    from echo.report.audit import summaries, with_plans
+
+    w, hw, topo = load_workload("llama3-405b-16k"), load_hardware("h100-sxm-80gb"), load_topology("dgx-h100-ndr")
+    p = plan(w, hw, topo, SITE, {"step_time_s": 6.0, "compute_s": 4.5, "world_size": 16384}, 15.6e12,
+             parameters=LLAMA3_PARAMETERS)
+    record = plan_record(p)
+    assert record["interruptions_per_day"] == p.interruptions_per_day["total"]
+    assert record["time_to_train_days"] == p.time_to_train_days and record["cost_usd"] == p.cost_usd
+    assert json.loads(record["provenance"])["restart_s"].startswith("assumed")
+    assert set(PLAN_COLUMNS) <= set(record)
+    plan_path = tmp_path / "plan.parquet"
+    no_price = plan_record(plan(w, load_hardware("b200-sxm"), topo, SITE, {"step_time_s": 6.0, "compute_s": 4.5,
+                                                                     "world_size": 16384}, 1e12, parameters=1))
+    assert no_price["cost_usd"] is None
+    write_parquet(plan_table([record, {**no_price, "workload": "other"}]), plan_path)
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    _summary(a, "llama3-405b-16k", step=6.0, world=16384)
+    _summary(b, "tiny-dp2")
+    for path, (hw_name, topo_name) in ((a, ("h100-sxm-80gb", "dgx-h100-ndr")), (b, ("local-cpu", "local-gloo"))):
+        t = pq.read_table(path)
+        write_parquet(t.set_column(t.schema.get_field_index("hardware"), "hardware", pa.array([hw_name]))
+                       .set_column(t.schema.get_field_index("topology"), "topology", pa.array([topo_name])), path)
+    table = summaries([a, b])  # a simulated summary has per-stage lists too (no join of Arrow's takes them)
+    table = table.append_column("stage_step_time_s", pa.array([[6.0, 5.9], [2.0]]))
+    joined = with_plans(table, [plan_path]).to_pylist()
+    by = {r["workload"]: r for r in joined}
+    assert by["llama3-405b-16k"]["plan_time_to_train_days"] == pytest.approx(p.time_to_train_days)
+    assert by["llama3-405b-16k"]["plan_site"] == SITE.name and by["llama3-405b-16k"]["step_time_s"] == 6.0
+    assert by["tiny-dp2"]["plan_time_to_train_days"] is None and by["tiny-dp2"]["stage_step_time_s"] == [2.0]
+
+
+def test_the_plan_settings_are_checked():
+    from echo.workflow.params import site_params
+    from echo.workflow.settings import Settings
+
+    s = Settings.from_config({"plan": {"tokens": "15e12"}, "searches": "gpt3-175b-a100-scaling"})
+    assert s.plan.tokens == 15e12 and s.plan.site == "meta-llama3-h100" and s.searches == ("gpt3-175b-a100-scaling",)
+    with pytest.raises(ConfigError, match="plan.tokens"):
+        Settings.from_config({"plan": {"tokens": 0}})
+    with pytest.raises(ConfigError, match="plan.days"):
+        Settings.from_config({"plan": {"days": 3}})
+    with pytest.raises(ConfigError, match="unknown site 'nowhere'"):
+        site_params("nowhere", CONFIG_ROOT)

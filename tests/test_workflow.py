@@ -62,8 +62,9 @@ def jobs_for(experiments, rules=("trace", "dedup", "profile", "calibrate", "over
 
 
 def plots_for(experiments) -> set:
-    """The report's per-experiment figures (Gantt, memory, Perfetto trace)."""
-    return {job("plot_experiment", workload=w, hardware=h, topology=t) for w, h, t in experiments}
+    """The report's per-experiment jobs: figures (Gantt, memory, Perfetto trace) and the run planned."""
+    return {job(rule, workload=w, hardware=h, topology=t) for w, h, t in experiments
+            for rule in ("plot_experiment", "plan_experiment")}
 
 
 # what any change to a default experiment re-runs last: the overview figures, the report, rule all
@@ -97,17 +98,18 @@ def test_lint_is_clean() -> None:
 
 
 def test_rules_get_only_their_config_slice() -> None:
-    """Topology reaches only calibrate/simulate, hardware only profile/simulate (docs/DESIGN.md, "The pipeline")."""
+    """Topology reaches only calibrate/simulate, hardware only profile/simulate (docs/DESIGN.md, "The pipeline"),
+    and both the report's plan of a simulated run (rule plan_experiment: power, servers, parameters)."""
     rules = {p.stem: p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")}
     for rule, text in rules.items():
         if rule == "common":
             continue
         assert f'code=code_version("{rule}")' in text, rule
-        assert ("topology_params" in text) == (rule in ("calibrate", "simulate")), rule
-        assert ("hardware=hardware_params" in text) == (rule in ("profile", "simulate")), rule
+        assert ("topology_params" in text) == (rule in ("calibrate", "simulate", "report")), rule
+        assert ("hardware=hardware_params" in text) == (rule in ("profile", "simulate", "report")), rule
         # trace and dedup get the workload without its simulation-only keys (overlap flags)
         assert ("workload=trace_workload_params" in text) == (rule in ("trace", "dedup")), rule
-        assert ("workload=workload_params" in text) == (rule in ("simulate", "measure")), rule
+        assert ("workload=workload_params" in text) == (rule in ("simulate", "measure", "report")), rule
         for name, function in params.CONFIG_PARAMS.get(rule, {}).items():  # what `echo status` recomputes
             assert f"{name}={function.__name__}," in text, (rule, name)
         for directive in ("log:", "benchmark:", 'conda:\n        "../envs/echo.yaml"'):
@@ -338,7 +340,7 @@ def test_cli_collective_prints_one_json_object() -> None:
 
 def write_summary(results: Path, w: str, h: str, t: str, step: float) -> None:
     row = {f.name: [None] for f in SUMMARY}
-    row.update(workload=[w], hardware=[h], topology=[t], world_size=[2], step_time_s=[step])
+    row.update(workload=[w], hardware=[h], topology=[t], world_size=[2], step_time_s=[step], compute_s=[step / 2])
     write_parquet(pa.table(row, schema=SUMMARY), results / "simulate" / w / h / t / "summary.parquet")
 
 
@@ -388,7 +390,7 @@ def test_audit_every_view_name_matches_design() -> None:
                                        "collectives", "calibration_measurements", "summary", "timeline",
                                        "overlap_slowdown", "measured",
                                        "measured_phases", "compare", "published", "sweep_layouts", "sweep_ranking",
-                                       "imported_activity", "imported_streams", "imported_model_error"]
+                                       "plan", "imported_activity", "imported_streams", "imported_model_error"]
 
 
 def test_audit_empty_results(tmp_path: Path) -> None:
@@ -432,11 +434,14 @@ def test_report_rule_writes_and_prints_summaries(workflow_copy: Path) -> None:
         (workflow_copy / "results" / "trace" / w).mkdir(parents=True)
         write_traced_ranks(workflow_copy / "results" / "trace" / w / "ranks.parquet", stages=2 if w == "tiny-pp2" else 1)
     proc = snakemake(workflow_copy, "--cores", "1", "results/report/summaries.parquet",
-                     "--allowed-rules", "report", "plot_experiment", "plot_overview")
+                     "--allowed-rules", "report", "plot_experiment", "plot_overview", "plan_experiment")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = pq.read_table(workflow_copy / "results" / "report" / "summaries.parquet")
     assert table.column("workload").to_pylist() == sorted(w for w, _, _ in TINY)
     assert set(SUMMARY.names) <= set(table.column_names)
+    # each experiment's run planned for config["plan"] (300B tokens by default) beside its step
+    days = table.column("plan_time_to_train_days").to_pylist()
+    assert all(d > 0 for d in days) and table.column("plan_tokens").to_pylist() == [3e11] * len(TINY)
     assert "step_time_s" in proc.stdout and "tiny-pp2" in proc.stdout  # printed on the terminal
     assert "tiny-pp2" in (workflow_copy / "logs" / "report" / "report.log").read_text()
     report = workflow_copy / "results" / "report"

@@ -16,6 +16,8 @@ from pydantic import (
     model_validator,
 )
 
+from echo.config.figure import Figure
+
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 # NCCL's tuner (src/graph/tuning.cc): NVLS and NVLS-tree cost 25 us on NVLink whatever the number
@@ -146,6 +148,22 @@ class Calibration(BaseModel):
         return logs
 
 
+class LinkVariability(BaseModel):
+    """How much the bandwidth a node's NICs deliver differs from node to node (echo.simulate.slow_links)."""
+
+    model_config = _STRICT
+    nic_bw_sigma: Figure = Field(description="relative standard deviation of a node's persistent factor on its NICs' "
+                                 "delivered bandwidth across the nodes of a cluster (0.02: 2%)")
+
+    @field_validator("nic_bw_sigma")
+    @classmethod
+    def _below_one(cls, fig: Figure) -> Figure:
+        if not 0.0 <= fig.value < 0.25:
+            raise ValueError(f"nic_bw_sigma must be within [0, 0.25) (a node's bandwidth factor 1 - 4 sigma must stay "
+                             f"positive), got {fig.value}")
+        return fig
+
+
 class Topology(BaseModel):
     """config/topologies/{name}.yaml"""
 
@@ -168,6 +186,9 @@ class Topology(BaseModel):
     pipeline: Pipeline = Pipeline()
     nccl: Nccl = Nccl()
     calibration: Calibration = Calibration()
+    link_variability: LinkVariability | None = Field(
+        None, description="node-to-node spread of the NICs' delivered bandwidth, for the summary's step_link_p50_s "
+        "... (echo.simulate.slow_links); None: every node's NICs alike")
 
     @model_validator(mode="after")
     def _ranks_fit_a_node(self) -> Topology:

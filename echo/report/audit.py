@@ -178,6 +178,25 @@ def summaries(paths: Sequence[Path | str]) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys]) if keys else table
 
 
+def with_plans(table: pa.Table, plan_paths: Sequence[Path | str]) -> pa.Table:
+    """The summaries with each experiment's plan (echo.plan.table.plan_record: interruptions,
+    goodput, time to train, cost, energy) joined on workload, hardware and topology; the plan's
+    site, tokens and figures become ``plan_``-prefixed columns (a summary without a plan: nulls)."""
+    keys = ["workload", "hardware", "topology"]
+    plans = [pq.read_table(p) for p in plan_paths]
+    if not plans or table.num_rows == 0:
+        return table
+    plan = pa.concat_tables(plans, promote_options="permissive")
+    # by hand, not Table.join: Acero joins no list columns, and a summary has per-stage lists
+    by_key = {tuple(r[k] for k in keys): r for r in plan.to_pylist()}
+    rows = [by_key.get(k, {}) for k in zip(*(table.column(k).to_pylist() for k in keys), strict=True)]
+    for field in plan.schema:
+        if field.name not in keys:
+            table = table.append_column(pa.field(f"plan_{field.name}", field.type),
+                                        pa.array([r.get(field.name) for r in rows], field.type))
+    return table
+
+
 def summaries_table(paths: Sequence[Path | str], results_dir: Path | str = "results") -> str:
     """The given summary files (those under ``results_dir``) as a printable table of the contract columns."""
     if not paths:

@@ -23,9 +23,10 @@ import pyarrow.compute as pc
 from echo.artifacts import COMMS, DEPS, KERNELS, OPS, RANK_CLASSES, SCHEDULE, SUMMARY, TIMELINE, TRACED_RANKS
 from echo.config.limits import full_mode_refusal
 from echo.io import atomic_path, read_parquet, write_parquet
+from echo.network.degraded import SlowNics
 from echo.network.model import CollectiveCosts, NetworkModel
 from echo.overlap.table import Slowdown, slowdown_table
-from echo.simulate import variability
+from echo.simulate import slow_links, variability
 from echo.simulate.costing import CommTimer, OpContext, reduce_rank
 from echo.simulate.engine import EngineOptions, pass_times, simulate
 from echo.simulate.full import RankSpec, Relabel, relabel_costs, simulate_full
@@ -252,7 +253,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                  overlap: Slowdown | Path | str | None = None, mode: str = "symmetric", overlap_grad_reduce: bool | None = None,
                  compute_scale: Mapping[int, float] | None = None, summary_only: bool = False,
                  timer: CommTimer | None = None, stragglers: Mapping[int, float] | None = None,
-                 stage_kernels: Mapping[int, Sequence[Path | str]] | None = None) -> pa.Table:
+                 stage_kernels: Mapping[int, Sequence[Path | str]] | None = None,
+                 slow_nodes: Mapping[int, float] | None = None) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
     timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary
     (``summary_only``: the summary alone, as a search that ranks thousands of layouts wants).
@@ -272,7 +274,10 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     heterogeneous job, pipeline stage -> the kernels.parquet of every GPU model the stage's ranks
     run on (``kernels_path`` among them only if listed; stages not listed run on ``kernels_path``'s
     model): stages on another GPU, or data-parallel replicas on a mix of GPUs, where each task of
-    the stage takes the slowest model's program, as its collectives wait for it."""
+    the stage takes the slowest model's program, as its collectives wait for it. ``slow_nodes``:
+    node -> factor on the transfer time of its NICs (a link straggler, in either mode:
+    echo.simulate.slow_links). A topology with ``link_variability`` adds the step at quantiles of
+    its slowest node's NICs (symmetric mode; summary ``step_link_p50_s`` ...)."""
     t0 = time.perf_counter()
     if mode not in MODES:
         raise ValueError(f"simulate mode must be one of {MODES}, got '{mode}'")
@@ -305,14 +310,32 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     ctx = OpContext(load_kernels(Path(kernels_path)), timer, slow, topology.node_ranks, launch_us)
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
     mesh, cols = read_mesh(Path(rank_classes_path))
-    costs = stage_costs(classes, par.pp, par.virtual_stages, mesh, ctx)  # also checks the classes cover the pipeline
-    if stage_kernels:
-        if mode != "symmetric":
-            raise ValueError("stage_kernels (GPU models per pipeline stage) needs mode='symmetric'")
-        costs = _heterogeneous(costs, stage_kernels, workload, trace_dir, Path(rank_classes_path), mesh, ctx)
-    slow_stages = variability.stage_factors(stragglers, dict(zip(cols["rank"], cols["pp_rank"], strict=True))) \
-        if stragglers else {}
-    costs = [scale_compute(c, slow_stages.get(s, 1.0)) for s, c in enumerate(costs)]
+    if stage_kernels and mode != "symmetric":
+        raise ValueError("stage_kernels (GPU models per pipeline stage) needs mode='symmetric'")
+    stage_of = dict(zip(cols["rank"], cols["pp_rank"], strict=True))
+    slow_stages = variability.stage_factors(stragglers, stage_of) if stragglers else {}
+    spread = topology.link_variability.nic_bw_sigma.value if topology.link_variability is not None else 0.0
+    if (slow_nodes or spread) and not isinstance(network, NetworkModel):
+        raise ValueError("slow links (slow_nodes, a topology's link_variability) need an echo.network.NetworkModel "
+                         f"to degrade, got {type(network).__name__}")
+    slow_nodes = slow_links.check_slow_nodes(slow_nodes or {}, workload.world_size, topology.node_ranks)
+    if slow_nodes:
+        # full mode: each rank's transfers that cross a slow node; symmetric: those of every rank of a
+        # stage with a slow node, its rings and its neighbours' sends (echo.simulate.slow_links)
+        slow_net = SlowNics(network, slow_nodes) if mode == "full" else \
+            SlowNics(network, ranks=slow_links.slow_stage_ranks(slow_nodes, stage_of, topology.node_ranks))
+        ctx = dataclasses.replace(ctx, timer=CommTimer(slow_net))
+        classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
+
+    def staged(octx: OpContext) -> list[RankCosts]:
+        """Every stage's programs costed in ``octx``, heterogeneous stages on their GPUs, stragglers slower."""
+        octx_classes = classes if octx is ctx else load_classes(workload, trace_dir, Path(rank_classes_path), octx)
+        out = stage_costs(octx_classes, par.pp, par.virtual_stages, mesh, octx)  # also checks the classes cover the pipeline
+        if stage_kernels:
+            out = _heterogeneous(out, stage_kernels, workload, trace_dir, Path(rank_classes_path), mesh, octx)
+        return [scale_compute(c, slow_stages.get(s, 1.0)) for s, c in enumerate(out)]
+
+    costs = staged(ctx)
     # a schedule built for the stages' pass times (zb-2p) gets them from the programs it will run
     orders = orders_of(par, workload.micro_batches,
                        pass_times(costs, stage_activations(classes, par.pp, par.virtual_stages))
@@ -339,9 +362,15 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                               "mode": result.mode, "overlap_slowdown": slow.source})
         with atomic_path(out_dir / "trace.json") as tmp:  # compact, with json's C encoder: it can be large
             tmp.write_text(json.dumps(trace, separators=(",", ":")))
+    link_columns = {}
+    if mode == "symmetric":
+        nodes = -(-workload.world_size // topology.node_ranks)
+        link_columns = slow_links.link_quantile_columns(
+            spread, nodes, result.step_us / 1e6, lambda f: simulate(
+                staged(dataclasses.replace(ctx, timer=CommTimer(SlowNics(network, every=f)))), orders, options).step_us / 1e6)
     summary = summary_table(workload=workload, hardware=hardware, topology=topology, classes=classes,
                             orders=orders, result=result, sim_wall_s=time.perf_counter() - t0,
-                            extra={"overlap_source": slow.source,
+                            extra={**link_columns,"overlap_source": slow.source,
                                    "overlap_grad_reduce": options.overlap_grad_reduce,
                                    "overlap_param_gather": options.overlap_param_gather,
                                    "tp_comm_overlap": options.tp_comm_overlap,

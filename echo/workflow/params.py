@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from echo.config import load_hardware, load_topology, load_workload
+from echo.config import load_hardware, load_site, load_topology, load_workload
 from echo.config.limits import full_mode_refusal
 from echo.config.loader import check_numerics, check_placement, config_path
 from echo.errors import ConfigError
@@ -55,6 +55,11 @@ def hardware_params(wildcards, root: Path = CONFIG_DIR) -> dict:
 
 def topology_params(wildcards, root: Path = CONFIG_DIR) -> dict:
     return topology_config(wildcards.topology, root).model_dump()
+
+
+def site_params(name: str, root: Path = CONFIG_DIR) -> dict:
+    """A site file (config/sites/), checked when the rule files are read: the plan rules' params."""
+    return load_site(name, root).model_dump()
 
 
 def numerics_checked(wildcards, root: Path = CONFIG_DIR) -> None:

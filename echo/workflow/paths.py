@@ -59,6 +59,8 @@ TEMPLATES = Folder("templates")  # `echo search`'s layer templates, shared by it
 REPORT = Folder("report")
 EXPERIMENT_FIGURES = Folder("report/experiments/{workload}/{hardware}/{topology}")
 SWEEP_FIGURES = Folder("report/sweeps/{sweep}")
+SEARCH_FIGURES = Folder("report/searches/{search}")
+PLAN = Folder("plan/{workload}/{hardware}/{topology}")  # an experiment's run: echo.plan
 FIT = Folder("fit")
 IMPORT = Folder("import/{job}/{hardware}")
 OVERLAY = Folder("fit/overlay/{job}")  # {hardware}.json: a real job's kernels over the model (echo.profile.overlay)  # a real job's GPU Kineto traces, read (echo.profile.gpu_import)
@@ -86,6 +88,7 @@ VIEWS = {
     "published": VALIDATE.under("published.parquet"),
     "sweep_layouts": SWEEP.under("layouts.parquet"),
     "sweep_ranking": SWEEP.under("ranking.parquet"),
+    "plan": PLAN.under("plan.parquet"),
     "imported_activity": IMPORT.under("activity.parquet"),
     "imported_streams": IMPORT.under("streams.parquet"),
     "imported_model_error": IMPORT.under("model_error.parquet"),
@@ -116,6 +119,15 @@ def experiment_figures(experiments: Iterable[Names]) -> list[str]:
 
 def sweep_figures(sweeps: Iterable[str]) -> list[str]:
     return [SWEEP_FIGURES("heatmap.svg", sweep=s) for s in sweeps]
+
+
+def search_figures(searches: Iterable[str]) -> list[str]:
+    return [SEARCH_FIGURES("time_to_train.svg", search=s) for s in searches]
+
+
+def planned(experiments: Iterable[Names]) -> list[str]:
+    """Each experiment's plan (echo.plan): results/plan/{workload}/{hardware}/{topology}/plan.parquet."""
+    return [PLAN("plan.parquet", workload=w, hardware=h, topology=t) for w, h, t in experiments]
 
 
 def sweep_summaries(exp: Expansion) -> list[str]:

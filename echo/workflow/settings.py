@@ -92,12 +92,26 @@ class Validate(_Section):
     reference_dir: Path | None = Field(None, description="the reference folder (echo.reference.reference_root)")
 
 
+class PlanSettings(_Section):
+    """``plan:``: the run each experiment is planned for (echo.plan: interruptions, goodput, cost,
+    energy; the report's summaries gain the columns), e.g. ``--config 'plan={tokens: 15e12}'``."""
+
+    tokens: Annotated[float, _Text, Field(gt=0)] = Field(
+        3.0e11, description="tokens to train on (default 300B, GPT-3's run: Brown et al. 2020; SC21's estimate)")
+    site: StrictStr = Field("meta-llama3-h100", description="a config/sites/ file: failure rates, storage, restart, "
+                                                            "power, prices")
+
+
 class Settings(_Section):
     """The whole of config/config.yaml; a section left out (or empty) takes its defaults."""
 
     experiments: tuple[Experiment, ...] = Field((), description="the default experiments of rule all")
     sweeps: Annotated[tuple[StrictStr, ...], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = Field(
         (), description="the sweeps the report shows (each also runs alone: results/sweep/{sweep}/ranking.parquet)")
+    searches: Annotated[tuple[StrictStr, ...], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = Field(
+        (), description="the searches whose time-to-train against GPU count the report shows (each config/sweeps/ "
+                        "search file lists several gpus; each also runs alone: results/search/{search}/ranking.parquet)")
+    plan: PlanSettings = Field(PlanSettings(), description="the run each experiment and search is planned for")
     simulate: Simulate = Field(Simulate(), description="how the simulate rule replays an iteration")
     measure: Measure = Field(Measure(), description="how the measure rule trains a workload for real")
     # named `validate` in the file; the attribute would shadow pydantic's BaseModel.validate

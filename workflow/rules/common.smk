@@ -23,6 +23,7 @@ from echo.workflow.params import (
     search_shards,
     search_template_params,
     search_templates,
+    site_params,
     shared_trace_files,
     simulate_mode_checked,
     sweep_checked,
@@ -59,6 +60,10 @@ EXPERIMENTS = [e.names for e in SETTINGS.experiments]
 # the sweeps the report shows (default none; each runs on its own by asking for
 # results/sweep/{sweep}/ranking.parquet). Set with --config 'sweeps=[a, b]'.
 SWEEPS = SETTINGS.sweeps
+# the searches whose time-to-train against GPU count the report shows (default none; a search of
+# several GPU counts, e.g. --config 'searches=[gpt3-175b-a100-scaling]'), and the run planned
+SEARCHES = SETTINGS.searches
+PLAN = SETTINGS.plan
 
 
 def calibrate_priority(wildcards):

@@ -3,6 +3,9 @@
 #   results/report/step_breakdown.svg, predicted_vs_measured.svg        all experiments
 #   results/report/experiments/{workload}/{hardware}/{topology}/        gantt.svg, memory.svg, trace.json
 #   results/report/sweeps/{sweep}/heatmap.svg                           the sweeps of config["sweeps"]
+#   results/report/searches/{search}/time_to_train.svg                  the searches of config["searches"]
+#   results/plan/{workload}/{hardware}/{topology}/plan.parquet          each experiment's run (config["plan"]):
+#       interruptions, goodput, time to train, GPU-hours, cost, energy; summaries.parquet gains them
 # The report rule depends on every figure, so `rule all` makes them and the report finds them.
 
 report: "../report/workflow.rst"
@@ -102,11 +105,63 @@ rule plot_sweep:
         "../scripts/plot_sweep.py"
 
 
+rule plan_experiment:
+    input:
+        summary=paths.SIMULATE("summary.parquet"),
+    output:
+        plan=paths.PLAN("plan.parquet"),
+    params:
+        workload=workload_params,
+        hardware=hardware_params,
+        topology=topology_params,
+        site=site_params(PLAN.site),
+        tokens=PLAN.tokens,
+        code=code_version("report"),
+    localrule: True
+    log:
+        "logs/plan/{workload}/{hardware}/{topology}.log",
+    benchmark:
+        "results/benchmarks/plan/{workload}/{hardware}/{topology}.tsv"
+    conda:
+        "../envs/echo.yaml"
+    script:
+        "../scripts/plan.py"
+
+
+rule plot_time_to_train:
+    input:
+        ranking=paths.SEARCH("ranking.parquet"),
+    output:
+        table=paths.SEARCH("time_to_train.parquet"),
+        figure=report(
+            paths.SEARCH_FIGURES("time_to_train.svg"),
+            caption="../report/time_to_train.rst",
+            category="7. Time to train",
+            labels={"search": "{search}"},
+        ),
+    params:
+        search=search_params,
+        site=site_params(PLAN.site),
+        tokens=PLAN.tokens,
+        code=code_version("report"),
+    localrule: True
+    log:
+        "logs/report/searches/{search}.log",
+    benchmark:
+        "results/benchmarks/report/searches/{search}.tsv"
+    conda:
+        "../envs/echo.yaml"
+    script:
+        "../scripts/plot_time_to_train.py"
+
+
 rule report:
     input:
         summaries=paths.simulated(EXPERIMENTS, "summary.parquet"),
+        plans=paths.planned(EXPERIMENTS),
         figures=paths.experiment_figures(EXPERIMENTS)
         + paths.sweep_figures(SWEEPS)
+        + paths.search_figures(SEARCHES)
         + [paths.REPORT("step_breakdown.svg"), paths.REPORT("predicted_vs_measured.svg")],
     output:
         summaries=paths.REPORT("summaries.parquet"),
