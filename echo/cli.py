@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -180,18 +181,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _need(path, hint=f"run `python -m echo profile --workload {w} --hardware {other}` first")
         return path
 
+    stage_memory: dict[int, float] = {}  # each stage fits the smallest GPU it runs on
+
+    def on(s: int, other: str) -> None:
+        stage_kernels.setdefault(s, []).append(kernels_of(other))
+        stage_memory[s] = min(stage_memory.get(s, math.inf), load_hardware(other, root=args.config_dir).memory_gib)
+
     for stages, other in args.stage_hardware or []:  # these stages run on that model only
         for s in stages:
             if s >= workload.parallel.pp:
                 raise ConfigError(config_path("workload", w, args.config_dir), "parallel.pp",
                                   f"--stage-hardware names stage {s}; the workload has pp = {workload.parallel.pp}")
-            stage_kernels.setdefault(s, []).append(kernels_of(other))
+            on(s, other)
     for other in args.replica_hardware or []:  # some replicas on that model: every stage waits for it
         for s in range(workload.parallel.pp):
-            stage_kernels.setdefault(s, [p["kernels"]]).append(kernels_of(other))
+            stage_kernels.setdefault(s, [p["kernels"]])
+            stage_memory.setdefault(s, hardware.memory_gib)
+            on(s, other)
     run_simulate(workload, hardware, topology, p["trace_dir"], p["rank_classes"], p["kernels"],
                  p["calib_dir"], p["simulate_dir"], overlap=measured if measured.exists() else None,
-                 stragglers=stragglers, stage_kernels=stage_kernels or None, slow_nodes=slow_nodes or None)
+                 stragglers=stragglers, stage_kernels=stage_kernels or None, slow_nodes=slow_nodes or None,
+                 stage_memory_gib=stage_memory or None)
     from echo.report.audit import summaries_table
 
     print(summaries_table([p["simulate_dir"] / "summary.parquet"], args.results))

@@ -1,6 +1,8 @@
-"""DualPipeV (DeepSeek's DualPipe cut in half; deepseek-ai/DualPipe's dualpipev.py): its stage
-orders, its bubble against the DualPipe README's formula, its memory, the config checks, and a
-real MoE trace in both modes with its overlapped expert all-to-alls."""
+"""DualPipeV (DeepSeek's DualPipe cut in half; deepseek-ai/DualPipe's dualpipev.py) and DualPipe
+itself (micro-batches fed from both ends, dualpipe.py): their stage orders, their bubble against
+the DualPipe README's formulas, their memory, the config checks, and real MoE traces in both modes
+with their overlapped expert all-to-alls (DualPipe's: two copies of each stage, their gradients
+summed over the pair of ranks)."""
 
 from __future__ import annotations
 
@@ -135,3 +137,140 @@ def test_dualpipev_on_a_real_moe_trace(moe_v_trace):
     other = _simulate(zbv, root, "zbv")
     assert out["symmetric"]["exposed_ep_s"] < other["exposed_ep_s"]
     assert out["symmetric"]["executed_flops"] == other["executed_flops"]
+
+
+# --- DualPipe: micro-batches from both ends ---------------------------------------------------------
+
+DUAL_LAYOUTS = [(2, 4), (2, 6), (4, 8), (4, 12), (8, 16), (8, 22)]
+
+
+def pipeline_dual(p: int, F: float, B: float, W: float) -> list:
+    """p stages of two chunks on the two ways of a pipeline fed from both ends: chunk 0 of stage s
+    is position s on the way from stage 0, chunk 1 position p - 1 - s on the way from stage p - 1;
+    each chunk a pass of F / B / W."""
+    from test_zero_bubble import compute, recv, send
+
+    from echo.simulate.program import Program, RankCosts
+
+    out = []
+    for s in range(p):
+        fwd, bi, wg, whole = [], [], [], []
+        for k in (s, p - 1 - s):
+            recv_f, send_f = k > 0, k < p - 1
+            fwd.append(Program(([recv(0, "fwd")] if recv_f else []) + [compute(1, F)] +
+                               ([send(2, 0.0, "fwd")] if send_f else [])))
+            head, tail = ([recv(0, "bwd")] if send_f else []), ([send(3, 0.0, "bwd")] if recv_f else [])
+            bi.append(Program(head + [compute(1, B)] + tail))
+            wg.append(Program([compute(2, W)]))
+            whole.append(Program(head + [compute(1, B), compute(2, W)] + tail))
+        out.append(RankCosts(forward=tuple(fwd), backward=tuple(whole), input_grad=tuple(bi),
+                             weight_grad=tuple(wg), w_pending_bytes=(1.0, 1.0)))
+    return out
+
+
+@pytest.mark.parametrize("n,m", DUAL_LAYOUTS)
+def test_dualpipe_runs_each_half_of_the_batch_from_its_end(n, m):
+    for r, order in enumerate(stage_orders("dualpipe", n, m, 2)):
+        passes = sorted((t.kind, t.microbatch, t.chunk) for t in order if t.kind != "W")
+        # the first half of the micro-batches only through chunk 0, the second only through chunk 1
+        assert passes == sorted((k, i, int(i >= m // 2)) for k in "FB" for i in range(m))
+        pos = {(t.kind, t.microbatch, t.chunk): i for i, t in enumerate(order)}
+        for i in range(m):
+            c = int(i >= m // 2)
+            assert pos[("F", i, c)] < pos[("B", i, c)]
+            assert (("W", i, c) in pos) != order[pos[("B", i, c)]].whole
+        # step 1: the rank's first-half way (chunk 0 below the middle, chunk 1 above) warms up alone
+        h, c0 = min(r, n - 1 - r), int(r >= n // 2)
+        lead = [(t.kind, t.chunk) for t in order[:2 * (n // 2 - h - 1) + 2]]
+        assert lead == [("F", c0)] * (2 * (n // 2 - h - 1) + 1) + [("F", 1 - c0)]
+        pairs = [(t, order[i + 1]) for i, t in enumerate(order) if t.combined]
+        assert all(b.kind == "B" and b.whole and (f.microbatch, f.chunk) != (b.microbatch, b.chunk) for f, b in pairs)
+
+
+@pytest.mark.parametrize("F,W", [(1.0, 1.0), (1.0, 0.5), (2.0, 0.5), (1.0, 0.25)])
+@pytest.mark.parametrize("n,m", [(2, 4), (4, 8), (4, 20), (8, 16), (8, 32)])
+def test_dualpipe_bubble_follows_its_formula(F, W, n, m):
+    """DeepSeek-V3 report, Table 2 (and the DualPipe README): DualPipe over PP ranks idles
+    (PP/2 - 1)(F&B + B - 3W) per rank, B a whole backward (B_in + W), F&B an overlapped pair (here
+    F + B: no all-to-all to overlap), the same for every rank and every batch; each rank runs m
+    passes (half of the batch through each of its two chunks)."""
+    b_in = F
+    B = b_in + W
+    bubble = (n // 2 - 1) * ((F + B) + B - 3 * W)
+    r = simulate(pipeline_dual(n, F, b_in, W), stage_orders("dualpipe", n, m, 2),
+                 EngineOptions(post_validation=True, placement="dual"))
+    check_split(r)
+    assert r.step_us == pytest.approx(m * (F + b_in + W) + bubble)
+    assert all(st.bubble_us == pytest.approx(bubble) for st in r.stages)
+
+
+@pytest.mark.parametrize("n,m", DUAL_LAYOUTS)
+def test_dualpipe_memory_is_pp_plus_one(n, m):
+    """DeepSeek-V3 report, Table 2: DualPipe holds PP + 1 stages' activations at most (the two
+    middle ranks, where the ways cross and the first pair runs unpaired); the others PP. Its
+    parameters are twice a stage's (checked on a real trace below)."""
+    orders = stage_orders("dualpipe", n, m, 2)
+    assert [in_flight(o) for o in orders] == [n + (r in (n // 2 - 1, n // 2)) for r in range(n)]
+
+
+def test_dualpipe_refusals():
+    with pytest.raises(ValueError, match="even number of stages"):
+        stage_orders("dualpipe", 3, 8, 2)
+    with pytest.raises(ValueError, match="at least 2 x stages"):
+        stage_orders("dualpipe", 4, 7, 2)
+    base = {"model": {"arch": "llama", "layers": 8, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
+            "parallel": {"tp": 1, "pp": 2, "dp": 1, "zero": 1, "schedule": "dualpipe", "virtual_stages": 2},
+            "training": {"global_batch": 4, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}
+    w = parse_workload(base, Path("config/workloads/dp.yaml"))
+    assert w.parallel.placement == "dual" and w.parallel.model_stages == 2 and w.parallel.layers_of(8) == [4, 4]
+    assert w.traced().parallel.schedule == "dualpipe"  # the two ways are traced
+    for change, key in ((("training", "global_batch", 5), "training.global_batch"),
+                        (("parallel", "pp", 3), "parallel.schedule"),
+                        (("parallel", "zero", 3), "parallel.zero"),
+                        (("parallel", "stage_layers", [2, 2, 2, 2]), "parallel.stage_layers")):
+        spec = json.loads(json.dumps(base))
+        spec[change[0]][change[1]] = change[2]
+        if change[1] == "pp":  # an odd pipeline, everything else valid
+            spec["training"]["global_batch"], spec["model"]["layers"] = 12, 6
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            parse_workload(spec, Path("config/workloads/dp.yaml"))
+
+
+MOE = {"arch": "llama", "layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32, "experts": 4, "top_k": 2}
+
+
+@pytest.fixture(scope="module")
+def moe_dual_trace(tmp_path_factory):
+    """The small MoE Llama traced for real under DualPipe: PP2 x DP2, EP2, two chunks a rank."""
+    return traced(tmp_path_factory.mktemp("dp"), {
+        "model": MOE,
+        "parallel": {"tp": 1, "pp": 2, "dp": 2, "ep": 2, "zero": 1, "schedule": "dualpipe", "virtual_stages": 2},
+        "training": {"global_batch": 16, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}, "dp-moe")
+
+
+@pytest.mark.slow
+def test_dualpipe_on_a_real_moe_trace(moe_dual_trace, tmp_path):
+    """Each rank holds both stages (twice 1F1B's parameters per rank: the two stages' together),
+    its p2p goes both ways, the two copies' gradients are all-reduced over the pair of ranks
+    (kind pp) before the data-parallel reduce-scatter; both modes agree and the pairs overlap their
+    expert all-to-alls on the ep stream."""
+    import pyarrow.parquet as pq
+
+    w, root = moe_dual_trace
+    comms = pq.read_table(root / "trace" / "comms.parquet").to_pylist()
+    sync = {(c["rank"], c["op"], c["group_kind"], tuple(c["group"])) for c in comms if c["phase"] == "grad_sync"}
+    assert {(0, "all_reduce", "pp", (0, 2)), (2, "all_reduce", "pp", (0, 2)), (0, "reduce_scatter", "dp", (0, 1))} <= sync
+    # rank 0 (stage 0 on the way from rank 0, stage 1 on the way back) sends chunk 0's activations
+    # to rank 2 and receives chunk 1's from it
+    p2p = {(c["op"], c["phase"], c["chunk"]) for c in comms if c["rank"] == 0 and c["op"] in ("send", "recv")}
+    assert {("send", "forward", 0), ("recv", "forward", 1), ("recv", "backward", 0), ("send", "backward", 1)} <= p2p
+    one = traced(tmp_path, {"model": MOE, "parallel": {"tp": 1, "pp": 2, "dp": 2, "ep": 2, "zero": 1},
+                            "training": {"global_batch": 16, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}},
+                 "1f1b-moe")[1]
+    dual = {r["rank"]: r["param_bytes"] for r in pq.read_table(root / "trace" / "ranks.parquet").to_pylist()}
+    single = {r["rank"]: r["param_bytes"] for r in pq.read_table(one / "trace" / "ranks.parquet").to_pylist()}
+    assert dual[0] == dual[2] == single[0] + single[2]
+    out = {mode: _simulate(w, root, f"dp-{mode}", mode=mode) for mode in ("symmetric", "full")}
+    assert_same(out["symmetric"], out["full"])
+    timeline = pq.read_table(root / "dp-symmetric" / "timeline.parquet").to_pylist()
+    assert any(r["stream"] == "ep" for r in timeline)

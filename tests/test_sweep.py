@@ -68,7 +68,7 @@ def test_invalid_combinations_dropped_with_reason(config_root: Path) -> None:
     exp = expand_spec(config_root, spec)
     reasons = {c.name.split("--")[1]: (c.key, c.reason) for c in exp.dropped}
     assert reasons["tp16-pp2"] == ("parallel.dp", "gpus 8 is not divisible by tp x pp x cp = 32")
-    assert reasons["tp2-pp2-dp2-v2"] == ("parallel.virtual_stages", "virtual_stages 2 > 1 needs schedule: interleaved (or zb-v, dualpipev)")
+    assert reasons["tp2-pp2-dp2-v2"] == ("parallel.virtual_stages", "virtual_stages 2 > 1 needs schedule: interleaved (or zb-v, dualpipev, dualpipe)")
     assert reasons["tp2-pp2-dp2-interleaved"][0] == "parallel.schedule"
     assert "same as s--tp2-pp2-dp2" in reasons["tp2-pp2-dp2-interleaved"][1]
     # tiny-pp2 has 4 layers: pp4 x v2 = 8 chunks do not divide them

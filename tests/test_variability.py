@@ -205,3 +205,17 @@ def test_the_simulate_command_parses_stragglers_and_stage_hardware(capsys):
             build_parser().parse_args(["simulate", "--workload", "w", "--hardware", "h", "--topology", "t", *bad])
         assert exc.value.code == 2
     assert "RANK:FACTOR" in capsys.readouterr().err
+
+
+def test_a_stage_on_a_smaller_gpu_must_fit_its_memory(tmp_path):
+    # every stage of the synthetic trace holds the same memory; a stage on a GPU with less memory
+    # than that does not fit, though the job's own GPU holds it
+    w = make_workload(tp=2, pp=2, dp=1, global_batch=1)
+    ideal = simulate(tmp_path, w, "ideal")
+    need = max(ideal["stage_device_mem_gib"])
+    assert ideal["fits"] and ideal["stage_capacity_gib"] == [HARDWARE.memory_gib] * 2
+    slow = _slow_kernels(tmp_path, 1.0)
+    small = simulate(tmp_path, w, "small", stage_kernels={1: [slow]}, stage_memory_gib={1: need * 0.9})
+    assert not small["fits"] and small["stage_capacity_gib"] == [HARDWARE.memory_gib, need * 0.9]
+    large = simulate(tmp_path, w, "large", stage_kernels={1: [slow]}, stage_memory_gib={1: need * 1.1})
+    assert large["fits"]

@@ -85,14 +85,19 @@ class ParallelConfig(BaseModel):
     ep: PositiveInt = Field(1, description="expert-parallel degree, folded over the tp x cp x dp ranks of a stage (Megatron-Core)")
     sequence_parallel: bool = Field(False, description="shard norms/dropout over tp (all-gather/reduce-scatter instead of all-reduce)")
     zero: Literal[0, 1, 2, 3] = Field(1, description="0 = DDP; 1, 2, 3 = ZeRO stage (3 = FSDP)")
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev"] = Field(
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev",
+                      "dualpipe"] = Field(
         "1f1b", description="pipeline schedule (echo.training.schedule; zb-h1, zb-h2, zb-2p and zb-v: the "
         "zero-bubble schedules of Qi et al., each backward split into its input- and weight-gradient parts; zb-2p "
         "and zb-v are built for the stages' own pass times, echo.training.zb_auto and zb_v; zb-v places two chunks "
         "per pipeline rank in a V: rank s holds virtual stages s and 2 pp - 1 - s, ordered by the zero-bubble "
         "runtime's own V heuristic; dualpipev: DeepSeek's DualPipe cut "
         "in half (deepseek-ai/DualPipe's DualPipeV), the same V, its steady state pairing one micro-batch's "
-        "forward with another's backward, overlapped at their expert-parallel all-to-alls)")
+        "forward with another's backward, overlapped at their expert-parallel all-to-alls; dualpipe: DeepSeek's "
+        "DualPipe (DeepSeek-V3 report), micro-batches fed from both ends of the pipeline: rank s holds model "
+        "stage s for the half fed at rank 0 and stage pp - 1 - s for the half fed at the last rank, two copies of "
+        "every stage's parameters whose gradients are summed over the two ranks before the data-parallel "
+        "reduction)")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved)")
     overlap_grad_reduce: bool = Field(
         False, description="Megatron-LM's --overlap-grad-reduce: gradient buckets are reduced during the last "
@@ -136,23 +141,34 @@ class ParallelConfig(BaseModel):
     @property
     def placement(self) -> str:
         """How chunks sit on pipeline ranks: interleaved (chunk c of rank s is virtual stage
-        c * pp + s, Megatron-LM's) or v (the zero-bubble paper's ZB-V: rank s holds virtual
-        stages s and 2 pp - 1 - s, so the first rank also holds the last stage)."""
-        return "v" if self.schedule in V_SCHEDULES else "interleaved"
+        c * pp + s, Megatron-LM's), v (the zero-bubble paper's ZB-V: rank s holds virtual
+        stages s and 2 pp - 1 - s, so the first rank also holds the last stage) or dual
+        (DualPipe: the model in pp stages, rank s holds stage s as chunk 0, on the way of the
+        micro-batches fed at rank 0, and stage pp - 1 - s as chunk 1, on the way of those fed at
+        the last rank)."""
+        return "v" if self.schedule in V_SCHEDULES else "dual" if self.schedule in DUAL_SCHEDULES else "interleaved"
+
+    @property
+    def model_stages(self) -> int:
+        """Stages the model is split into: pp x virtual_stages, or pp where a micro-batch passes one
+        chunk of each rank (dual)."""
+        return model_stages(self.placement, self.pp, self.virtual_stages)
 
     def virtual_stage(self, chunk: int, pp_rank: int) -> int:
         """The virtual stage (position in the model's pipeline order) of a rank's chunk."""
         return virtual_stage(self.placement, self.pp, chunk, pp_rank)
 
-    def rank_of_stage(self, stage: int) -> tuple[int, int]:
-        """(pipeline rank, chunk) holding virtual stage ``stage``."""
+    def rank_of_stage(self, stage: int, chunk: int = 0) -> tuple[int, int]:
+        """(pipeline rank, chunk) holding virtual stage ``stage`` (dual: on chunk ``chunk``'s way)."""
         if self.placement == "v":
             return (stage, 0) if stage < self.pp else (2 * self.pp - 1 - stage, 1)
+        if self.placement == "dual":
+            return (stage, 0) if chunk == 0 else (self.pp - 1 - stage, 1)
         return stage % self.pp, stage // self.pp
 
     def layers_of(self, layers: int) -> list[int]:
         """Layers of every virtual stage, in pipeline order (stage v*pp + s is chunk v of rank s)."""
-        chunks = self.pp * self.virtual_stages
+        chunks = self.model_stages
         if self.stage_layers:
             return list(self.stage_layers)
         if self.pipeline_split == "embedding_and_loss":
@@ -177,15 +193,26 @@ def split_with_embedding_and_loss(layers: int, chunks: int) -> list[int]:
     return [per - 1] + [per] * (chunks - 2) + [per - 1]
 
 
-# schedules whose chunks sit in a V on the pipeline ranks (ParallelConfig.placement)
+# schedules whose chunks sit in a V on the pipeline ranks, or on both ways of a pipeline fed from
+# both ends (ParallelConfig.placement)
 V_SCHEDULES = ("zb-v", "dualpipev")
+DUAL_SCHEDULES = ("dualpipe",)
+
+
+def model_stages(placement: str, pp: int, chunks: int) -> int:
+    """Positions on a micro-batch's way through the pipeline: every chunk of every rank, or one
+    chunk of each rank where micro-batches run from both ends (dual)."""
+    return pp if placement == "dual" else pp * chunks
 
 
 def virtual_stage(placement: str, pp: int, chunk: int, pp_rank: int) -> int:
     """Chunk ``chunk`` of pipeline rank ``pp_rank`` as a position in the model: interleaved
-    (chunk * pp + pp_rank) or a V (rank s holds virtual stages s and 2 pp - 1 - s)."""
+    (chunk * pp + pp_rank), a V (rank s holds virtual stages s and 2 pp - 1 - s) or dual (rank s
+    holds stage s on the way from rank 0 and stage pp - 1 - s on the way from the last rank)."""
     if placement == "v":
         return pp_rank if chunk == 0 else 2 * pp - 1 - pp_rank
+    if placement == "dual":
+        return pp_rank if chunk == 0 else pp - 1 - pp_rank
     return chunk * pp + pp_rank
 
 NOT_TRACED = {
@@ -267,7 +294,8 @@ class Workload(BaseModel):
         p, t = self.parallel, self.training
         fixed = {
             # the schedule's chunk placement is traced (which layers a rank holds, its p2p peers)
-            "parallel": {"schedule": "zb-v" if p.placement == "v" else "interleaved" if p.virtual_stages > 1 else "1f1b",
+            "parallel": {"schedule": {"v": "zb-v", "dual": "dualpipe"}.get(
+                p.placement, "interleaved" if p.virtual_stages > 1 else "1f1b"),
                          "overlap_grad_reduce": False,
                          "overlap_param_gather": False, "tp_comm_overlap": False, "ep_comm_overlap": False,
                          "post_validation": False},
@@ -296,7 +324,8 @@ class Workload(BaseModel):
         need(m.heads % m.kv == 0, "model.kv_heads", f"heads {m.heads} is not divisible by kv_heads {m.kv}")
         need(m.ffn % p.tp == 0, "model.ffn_hidden", f"ffn_hidden {m.ffn} is not divisible by tp {p.tp}")
         need(m.vocab % p.tp == 0, "model.vocab", f"vocab {m.vocab} is not divisible by tp {p.tp}")
-        chunks = p.pp * p.virtual_stages
+        chunks = p.model_stages
+        split = "pp" if p.placement == "dual" else "pp x virtual_stages"  # what the model's stages are
         need(p.stage_layers is None or p.pipeline_split == "even", "parallel.pipeline_split",
              "stage_layers gives the split itself: leave pipeline_split at even")
         if p.stage_layers is None and p.pipeline_split == "embedding_and_loss":
@@ -304,12 +333,12 @@ class Workload(BaseModel):
                 split_with_embedding_and_loss(m.layers, chunks)
             except ValueError:
                 need(False, "parallel.pipeline_split", f"layers {m.layers} + embedding + loss = {m.layers + 2} are "
-                     f"not divisible by pp x virtual_stages = {chunks}")
+                     f"not divisible by {split} = {chunks}")
         elif p.stage_layers is None:
-            need(m.layers % chunks == 0, "model.layers", f"layers {m.layers} are not divisible by pp x virtual_stages = {chunks}")
+            need(m.layers % chunks == 0, "model.layers", f"layers {m.layers} are not divisible by {split} = {chunks}")
         else:
             need(len(p.stage_layers) == chunks, "parallel.stage_layers",
-                 f"{len(p.stage_layers)} entries, expected pp x virtual_stages = {chunks}")
+                 f"{len(p.stage_layers)} entries, expected {split} = {chunks}")
             need(sum(p.stage_layers) == m.layers, "parallel.stage_layers",
                  f"entries sum to {sum(p.stage_layers)}, not layers {m.layers}")
             empty = [i for i, n in enumerate(p.stage_layers) if n == 0]
@@ -330,8 +359,18 @@ class Workload(BaseModel):
         need(p.ep == 1 or (m.experts > 0 and m.experts % p.ep == 0), "parallel.ep", f"ep {p.ep} needs experts divisible by it (experts = {m.experts})")
         need(p.ep == 1 or (p.tp * p.cp * p.dp) % p.ep == 0, "parallel.ep",
              f"ep {p.ep} must divide tp x cp x dp = {p.tp * p.cp * p.dp} (the ranks of a stage it folds over)")
-        need(p.schedule in ("interleaved", *V_SCHEDULES) or p.virtual_stages == 1, "parallel.virtual_stages",
-             f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved (or zb-v, dualpipev)")
+        need(p.schedule in ("interleaved", *V_SCHEDULES, *DUAL_SCHEDULES) or p.virtual_stages == 1,
+             "parallel.virtual_stages",
+             f"virtual_stages {p.virtual_stages} > 1 needs schedule: interleaved (or zb-v, dualpipev, dualpipe)")
+        need(p.schedule not in DUAL_SCHEDULES or (p.virtual_stages == 2 and p.pp > 1 and p.pp % 2 == 0),
+             "parallel.schedule", f"{p.schedule} feeds the pipeline from both ends, one chunk a way: virtual_stages 2 and "
+             f"an even pp (got {p.virtual_stages} and {p.pp})")
+        need(p.schedule not in DUAL_SCHEDULES or (self.micro_batches >= 2 * p.pp and self.micro_batches % 2 == 0),
+             "training.global_batch", f"{p.schedule} feeds half the micro-batches from each end: it needs an even "
+             f"count of at least 2 x pp = {2 * p.pp} (got {self.micro_batches})")
+        need(p.schedule not in DUAL_SCHEDULES or p.zero < 3, "parallel.zero",
+             f"{p.schedule} keeps two copies of each stage on two ranks; zero 3 (FSDP) shards them over data "
+             "parallelism instead")
         need(p.schedule not in V_SCHEDULES or (p.virtual_stages == 2 and p.pp > 1), "parallel.schedule",
              f"{p.schedule} holds two chunks per pipeline rank in a V: virtual_stages 2 and pp > 1 (got "
              f"{p.virtual_stages} and {p.pp})")
@@ -365,8 +404,8 @@ class Workload(BaseModel):
              "FSDP2 (zero 3) reduces gradients in fp32 as torchtitan runs it; a compute-dtype reduction is not modelled")
         need(not p.ep_comm_overlap or p.ep > 1, "parallel.ep_comm_overlap",
              f"overlaps expert-parallel all-to-alls, which needs ep > 1 (ep is {p.ep})")
-        need(p.schedule != "dualpipev" or not p.ep_comm_overlap, "parallel.ep_comm_overlap",
-             "dualpipev pairs its steady-state forwards and backwards itself (leave ep_comm_overlap off)")
+        need(p.schedule not in ("dualpipev", "dualpipe") or not p.ep_comm_overlap, "parallel.ep_comm_overlap",
+             f"{p.schedule} pairs its steady-state forwards and backwards itself (leave ep_comm_overlap off)")
         need(not p.ep_comm_overlap or p.pp == 1 or p.schedule == "interleaved", "parallel.ep_comm_overlap",
              "with pp > 1 the combined 1F1B needs schedule: interleaved (Megatron-Core): in plain 1F1B a pair's "
              "backward waits for the next stage's whole pair")

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from echo.config.workload import virtual_stage
+from echo.config.workload import model_stages, virtual_stage
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import ep_pairs, is_second, with_buckets, with_overlaps, with_param_gather
 from echo.simulate.program import BLOCKING, Program, RankCosts, Run, replay
@@ -74,7 +74,7 @@ class EngineOptions:
     tp_comm_overlap: bool = False       # see the module docstring
     ep_comm_overlap: bool = False       # see the module docstring
     post_validation: bool = False       # see the module docstring (symmetric mode)
-    placement: str = "interleaved"      # chunks on ranks (ParallelConfig.placement): interleaved | v
+    placement: str = "interleaved"      # chunks on ranks (ParallelConfig.placement): interleaved | v | dual
     sharing: LinkSharing = max_min_share  # how overlapping transfers share links (gpu.py)
 
 
@@ -255,8 +255,10 @@ class _Pipeline:
         self.optimizers = [_split_at_world(x.optimizer) for x in staged]
         self.pairs = [x.pairs for x in staged]
         self.staged = staged
-        if options.placement not in ("interleaved", "v"):
-            raise ValueError(f"unknown chunk placement '{options.placement}' (interleaved | v)")
+        if options.placement not in ("interleaved", "v", "dual"):
+            raise ValueError(f"unknown chunk placement '{options.placement}' (interleaved | v | dual)")
+        # the last position on a micro-batch's way (dual: one chunk of each stage)
+        self.last_k = model_stages(options.placement, self.p, self.v) - 1
         self.lead = [(0.0, 0.0)] * len(costs)   # (bubble, pp) before each stage's first task began
         self.started = [False] * len(costs)
         self.opt_start = [0.0] * len(costs)
@@ -272,7 +274,7 @@ class _Pipeline:
             return None if k == 0 else ("F", task.microbatch, k - 1)
         if task.kind == "W":  # its B ran before it on this stage
             return None
-        return ("F", task.microbatch, k) if k == self.p * self.v - 1 else ("B", task.microbatch, k + 1)
+        return ("F", task.microbatch, k) if k == self.last_k else ("B", task.microbatch, k + 1)
 
     def try_run(self, s: int, order: Sequence[Task], pos: int) -> int:
         """Run the task at ``pos`` of stage s's order (with the next one when the two run
@@ -330,7 +332,7 @@ class _Pipeline:
 
     def _deliver(self, s: int, task: Task, k: int, sends: list, end: float, label: str) -> None:
         """Hand a finished task's sends to the task that consumes them."""
-        last = self.p * self.v - 1
+        last = self.last_k
         if task.kind == "F" and k == last:
             self.arrivals[("F", task.microbatch, k)] = []  # the loss' gradient stays here
             return

@@ -254,7 +254,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                  compute_scale: Mapping[int, float] | None = None, summary_only: bool = False,
                  timer: CommTimer | None = None, stragglers: Mapping[int, float] | None = None,
                  stage_kernels: Mapping[int, Sequence[Path | str]] | None = None,
-                 slow_nodes: Mapping[int, float] | None = None) -> pa.Table:
+                 slow_nodes: Mapping[int, float] | None = None,
+                 stage_memory_gib: Mapping[int, float] | None = None) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
     timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary
     (``summary_only``: the summary alone, as a search that ranks thousands of layouts wants).
@@ -274,7 +275,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     heterogeneous job, pipeline stage -> the kernels.parquet of every GPU model the stage's ranks
     run on (``kernels_path`` among them only if listed; stages not listed run on ``kernels_path``'s
     model): stages on another GPU, or data-parallel replicas on a mix of GPUs, where each task of
-    the stage takes the slowest model's program, as its collectives wait for it. ``slow_nodes``:
+    the stage takes the slowest model's program, as its collectives wait for it;
+    ``stage_memory_gib``: the memory of the smallest of those models, which the stage must fit
+    (summary ``fits``, ``stage_capacity_gib``). ``slow_nodes``:
     node -> factor on the transfer time of its NICs (a link straggler, in either mode:
     echo.simulate.slow_links). A topology with ``link_variability`` adds the step at quantiles of
     its slowest node's NICs (symmetric mode; summary ``step_link_p50_s`` ...)."""
@@ -370,7 +373,7 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                 staged(dataclasses.replace(ctx, timer=CommTimer(SlowNics(network, every=f)))), orders, options).step_us / 1e6)
     summary = summary_table(workload=workload, hardware=hardware, topology=topology, classes=classes,
                             orders=orders, result=result, sim_wall_s=time.perf_counter() - t0,
-                            extra={**link_columns,"overlap_source": slow.source,
+                            stage_capacity_gib=stage_memory_gib, extra={**link_columns,"overlap_source": slow.source,
                                    "overlap_grad_reduce": options.overlap_grad_reduce,
                                    "overlap_param_gather": options.overlap_param_gather,
                                    "tp_comm_overlap": options.tp_comm_overlap,

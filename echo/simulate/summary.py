@@ -35,7 +35,7 @@ working memory + fragmentation: torch.cuda.max_memory_reserved, which torchtitan
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -197,17 +197,21 @@ MEMORY_COLUMNS = ("fits", "device_mem_gib", "mem_state_gib", "mem_activations_gi
                   "mem_framework_gib", "mem_fragmentation_gib")
 
 
-def memory_columns(breakdowns: Sequence[MemoryBreakdown], capacity_gib: float) -> dict:
+def memory_columns(breakdowns: Sequence[MemoryBreakdown], capacity_gib: float,
+                   stage_capacity_gib: Mapping[int, float] | None = None) -> dict:
     """A summary row's memory columns from each stage's breakdown: the peak, whether every stage
-    fits ``capacity_gib``, and the terms of the stage that needs the most device memory."""
+    fits its GPU (``capacity_gib``, or ``stage_capacity_gib[s]`` for a stage on another model: a
+    heterogeneous job), and the terms of the stage that needs the most device memory."""
     mem = [b.allocator / GIB for b in breakdowns]
     device = [b.device / GIB for b in breakdowns]
+    capacity = [(stage_capacity_gib or {}).get(s, capacity_gib) for s in range(len(device))]
     worst = breakdowns[max(range(len(device)), key=device.__getitem__)]
-    return {"peak_mem_gib": max(mem), "fits": max(device) <= capacity_gib, "device_mem_gib": max(device),
+    fits = all(d <= c for d, c in zip(device, capacity, strict=True))
+    return {"peak_mem_gib": max(mem), "fits": fits, "device_mem_gib": max(device),
             "mem_state_gib": worst.state / GIB, "mem_activations_gib": worst.activations / GIB,
             "mem_working_gib": worst.working / GIB, "mem_framework_gib": worst.framework / GIB,
             "mem_fragmentation_gib": worst.fragmentation / GIB,
-            "stage_peak_mem_gib": mem, "stage_device_mem_gib": device}
+            "stage_peak_mem_gib": mem, "stage_device_mem_gib": device, "stage_capacity_gib": capacity}
 
 
 def exposed_by_kind(result: EngineResult, stage: int) -> dict[str, float]:
@@ -238,8 +242,9 @@ def variability_columns(workload, hardware, step_s: float, compute_s: float) -> 
 
 def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
                   orders: Sequence[Sequence[Task]], result: EngineResult, sim_wall_s: float,
-                  extra: dict | None = None) -> pa.Table:
-    """One row: the SUMMARY contract columns, then the breakdowns behind them."""
+                  extra: dict | None = None, stage_capacity_gib: Mapping[int, float] | None = None) -> pa.Table:
+    """One row: the SUMMARY contract columns, then the breakdowns behind them (``stage_capacity_gib``:
+    the memory of the GPU model a stage runs on, where not the job's)."""
     m, world = workload.micro_batches, workload.world_size
     if result.step_us <= 0:
         raise ValueError(f"{workload.name}: the simulated step takes no time (no timed ops in the trace?)")
@@ -249,7 +254,7 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
     # MFU against the dense bf16 peak for FP8 runs too, as torchtitan and Megatron report it
     peak_tflops = getattr(hardware.peak_tflops, "bf16" if workload.training.dtype == "fp8" else workload.training.dtype)
     exposed = exposed_by_kind(result, result.critical_stage)
-    memory = memory_columns(stage_breakdowns(classes, orders), hardware.memory_gib)
+    memory = memory_columns(stage_breakdowns(classes, orders), hardware.memory_gib, stage_capacity_gib)
     tokens = workload.training.global_batch * workload.model.seq_len
     row = {
         "workload": workload.name, "hardware": hardware.name, "topology": topology.name,
@@ -264,6 +269,7 @@ def summary_table(*, workload, hardware, topology, classes: Sequence[ClassInfo],
         **{f"exposed_{k}_s": v for k, v in exposed.items()},
         "stage_step_time_s": [s.end_us / 1e6 for s in result.stages],
         "stage_peak_mem_gib": memory["stage_peak_mem_gib"], "stage_device_mem_gib": memory["stage_device_mem_gib"],
+        "stage_capacity_gib": memory["stage_capacity_gib"],
         "critical_stage": result.critical_stage,
         "schedule": workload.parallel.schedule, "micro_batches": m, "pp": len(orders),
         "virtual_stages": classes[0].costs.chunks, "classes": len(classes),

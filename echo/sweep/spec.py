@@ -48,8 +48,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from echo.config.loader import CONFIG_ROOT, config_path, load_workload, parse_workload, read_yaml
+from echo.config.workload import DUAL_SCHEDULES, V_SCHEDULES, Workload
 from echo.config.workload import NOT_TRACED as NOT_TRACED_KEYS
-from echo.config.workload import V_SCHEDULES, Workload
 from echo.errors import ConfigError
 
 SEP = "--"                    # between the sweep's name and a layout's tokens
@@ -191,10 +191,10 @@ def split_name(workload: str) -> tuple[str, str]:
 def trace_values(values: dict[str, Any]) -> dict[str, Any]:
     """A layout's values as its shared trace has them: settings the tracer does not read set to
     the value that keeps the workload valid (interleaved needs virtual_stages > 1 to differ); a V
-    placement (zb-v) is traced, so it keeps its schedule (Workload.traced); post-validation is
-    simulation only."""
+    placement (zb-v) or both ways of a pipeline fed from both ends (dualpipe) is traced, so it keeps
+    its schedule (Workload.traced); post-validation is simulation only."""
     untraced = {"post_validation": DEFAULTS["post_validation"]}
-    if values["schedule"] in V_SCHEDULES:
+    if values["schedule"] in (*V_SCHEDULES, *DUAL_SCHEDULES):
         return {**values, **untraced}
     return {**values, **untraced, "schedule": "interleaved" if values["virtual_stages"] > 1 else "1f1b"}
 

@@ -44,6 +44,13 @@ def _groups(layout: Layout, rank: int, rec: Recorder) -> dict[str, object]:
         if groups[dim] is not None:
             rec.ctx.group_kinds[groups[dim].group_name] = dim
         rec.ctx.group_kinds.setdefault(tuple(ranks), dim)
+    if layout.parallel.placement == "dual":
+        # DualPipe's two copies of each stage (this rank's chunks, on the mirror rank too): their
+        # gradients are summed over the pair, a pipeline-group collective
+        ranks = sorted({rank, layout.mirror(rank)})
+        groups["mirror"] = dist.new_group(ranks)
+        rec.ctx.group_kinds[groups["mirror"].group_name] = "pp"
+        rec.ctx.group_kinds.setdefault(tuple(ranks), "pp")
     return groups
 
 

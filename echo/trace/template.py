@@ -76,11 +76,11 @@ def template_workload(w: Workload, stages: int, depth: int = DEPTH) -> Workload:
         # a Hugging Face config or a user module may give its layers kinds by index (DeepSeek's
         # first dense layers, gpt-oss's sliding windows): a block is not every block there
         raise NotComposable(f"model.arch {w.model.arch}: its blocks may differ by index", "model.arch")
-    if w.parallel.placement == "v":
+    if w.parallel.placement in ("v", "dual"):
         # the template stages stand for the pipeline's first, middle and last chunks in the
-        # interleaved order; a V puts the first and last on one rank
-        raise NotComposable(f"parallel.schedule {w.parallel.schedule}: its chunks sit in a V, which the "
-                            "templates' stage roles do not compose", "parallel.schedule")
+        # interleaved order; a V (or DualPipe's two ways) puts the first and last on one rank
+        raise NotComposable(f"parallel.schedule {w.parallel.schedule}: its chunks sit in a V or on both ways of "
+                            "the pipeline, which the templates' stage roles do not compose", "parallel.schedule")
     if w.parallel.zero == 3:
         raise NotComposable("parallel.zero 3: FSDP gathers and reduces inside the blocks, over groups that "
                             "follow the data-parallel size", "parallel.zero")

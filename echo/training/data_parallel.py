@@ -297,9 +297,12 @@ class DataParallel:
         zero = self.parallel.zero
         # plain c10d calls, as Megatron's DDP makes them (DTensor's functional collectives cost
         # more on a host-synchronous CPU: network api_overheads)
+        mirror = self.groups.get("mirror")  # DualPipe: the other copy of this rank's stages
         with rec.phase("grad_sync", blocking=False, stream="comm"):
             for rs, bs in zip(self.sets, self.buckets, strict=True):
                 for b in bs:
+                    if mirror is not None:  # both copies take the sum of their gradients
+                        dist.all_reduce(b.grad, group=mirror)
                     if rs.size > 1 and zero == 0:
                         dist.all_reduce(b.grad, group=rs.group)
                     elif rs.size > 1 and zero in (1, 2):

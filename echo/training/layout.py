@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from echo.config.workload import ParallelConfig
+from echo.config.workload import ParallelConfig, model_stages
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,16 @@ class Layout:
         end."""
         p = self.parallel
         stage = p.virtual_stage(chunk, self.coords(rank).pp) + step
-        if not 0 <= stage < p.pp * virtual_stages:
+        if not 0 <= stage < model_stages(p.placement, p.pp, virtual_stages):
             return None
-        return self.stage_peer(rank, p.rank_of_stage(stage)[0] - self.coords(rank).pp)
+        # dual: the next stage on this chunk's way (the two ways hold the same stages on other ranks)
+        return self.stage_peer(rank, p.rank_of_stage(stage, chunk)[0] - self.coords(rank).pp)
+
+    def mirror(self, rank: int) -> int:
+        """The rank holding the other copy of this rank's stages under DualPipe (pipeline rank
+        pp - 1 - s, same tp/cp/dp coordinates)."""
+        pp = self.coords(rank).pp
+        return self.stage_peer(rank, self.sizes["pp"] - 1 - 2 * pp)
 
     def representatives(self) -> dict[str, int]:
         """One traced rank per role: ranks of a role differ only in which group peers they have.

@@ -19,9 +19,9 @@ from echo.config.workload import ParallelConfig
 from echo.training.zb_auto import PassTimes, greedy_orders, spans
 from echo.training.zb_v import v_orders
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev", "dualpipe")
 # the schedules whose orders hold W tasks (a backward split into input- and weight-gradient parts)
-SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev")
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev", "dualpipe")
 # the schedules whose orders depend on the stages' pass times (echo.training.zb_auto, zb_v)
 TIMED = ("zb-2p", "zb-v")
 
@@ -69,6 +69,12 @@ def stage_orders(schedule: str, stages: int, micro_batches: int, chunks: int = 1
                              f"2 x stages micro-batches, got {chunks} chunks, {stages} stages, {micro_batches} "
                              "micro-batches")
         return [_dualpipev(s, stages, micro_batches) for s in range(stages)]
+    if schedule == "dualpipe":
+        if chunks != 2 or stages < 2 or stages % 2 or micro_batches < 2 * stages or micro_batches % 2:
+            raise ValueError(f"dualpipe feeds the pipeline from both ends, one chunk a way: two chunks per stage, an "
+                             f"even number of stages and an even number of at least 2 x stages micro-batches, got "
+                             f"{chunks} chunks, {stages} stages, {micro_batches} micro-batches")
+        return [_dualpipe(s, stages, micro_batches) for s in range(stages)]
     if schedule != "interleaved" and chunks != 1:
         raise ValueError(f"schedule {schedule} runs one chunk per stage, got {chunks} (use interleaved)")
     if schedule == "interleaved" and micro_batches % stages:
@@ -97,7 +103,7 @@ def orders_of(p: ParallelConfig, micro_batches: int, times: Sequence[PassTimes] 
     1F1B) each stage warms up one micro-batch more: a steady-state pair (forward k, backward j) then
     holds two independent passes. Without it the last stage would pair a micro-batch's forward with
     its own backward, which needs that forward's loss."""
-    if p.schedule == "dualpipev":  # pairs its steady state itself
+    if p.schedule in ("dualpipev", "dualpipe"):  # pair their steady state themselves
         return stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages)
     orders = stage_orders(p.schedule, p.pp, micro_batches, p.virtual_stages, int(p.ep_comm_overlap), times)
     return [combine_steady_state(o) for o in orders] if p.ep_comm_overlap else orders
@@ -271,6 +277,86 @@ def _dualpipev(stage: int, stages: int, m: int) -> list[Task]:
     for _ in range(r + 1):
         weight()
     assert not owed and fwd_mb == bwd_mb == [m, m], "dualpipev: every pass once"
+    return out
+
+
+def _dualpipe(stage: int, stages: int, m: int) -> list[Task]:
+    """DualPipe (DeepSeek-V3 report; deepseek-ai/DualPipe, dualpipe.py, ``DualPipe.step``) on rank
+    ``stage`` of an even number ``stages``, ``m`` micro-batches, half fed at rank 0 (micro-batches
+    0 .. m/2 - 1, each through chunk 0 of every rank, stage s on rank s) and half at the last rank
+    (m/2 .. m - 1, through chunk 1, stage s on rank stages - 1 - s). Phase 0 of a rank is the way
+    on which it sits in the first half of the pipeline (chunk 0 on ranks below stages / 2, chunk 1
+    on the others), phase 1 the other. Its eight steps, n = stages, h = min(r, n - 1 - r):
+
+    1. 2 (n/2 - h - 1) phase-0 forwards; 2. h + 1 times a phase-0 and a phase-1 forward;
+    3. n/2 - h - 1 times a phase-1 backward, its W at once, a phase-1 forward;
+    4. m/2 - n + h + 1 times two overlapped pairs (phase-0 forward with phase-1 backward, then
+       phase-1 forward with phase-0 backward; the two middle ranks run their first pair unpaired);
+    5. n/2 - h - 1 times a phase-1 backward and a pair (phase-1 forward, phase-0 backward);
+    6. h + 1 times a phase-1 and a phase-0 backward, from the middle on with their W deferred;
+    7. n/2 - h - 1 times an owed W and a phase-0 backward with its W deferred; 8. the h + 1 owed Ws.
+
+    Pairs, whole backwards and owed Ws as in ``_dualpipev``."""
+    n, r = stages, stage
+    half, h = n // 2, min(stage, stages - 1 - stage)
+    second, middle = int(r >= n // 2), h == n // 2 - 1
+    first_mb = (0, m // 2)  # the micro-batches fed at rank 0 go through chunk 0, the others chunk 1
+    out: list[Task] = []
+    fwd, bwd, owed = [0, 0], [0, 0], []
+
+    def forward(phase: int, combined: bool = False) -> None:
+        c = phase ^ second
+        out.append(Task("F", first_mb[c] + fwd[c], c, combined))
+        fwd[c] += 1
+
+    def backward(phase: int, defer: bool = False) -> None:
+        c = phase ^ second
+        out.append(Task("B", first_mb[c] + bwd[c], c, whole=not defer))
+        if defer:
+            owed.append((first_mb[c] + bwd[c], c))
+        bwd[c] += 1
+
+    def weight() -> None:
+        mb, c = owed.pop(0)
+        out.append(Task("W", mb, c))
+
+    def pair(f: int, b: int) -> None:
+        forward(f, combined=True)
+        backward(b)
+
+    for _ in range(2 * (half - h - 1)):
+        forward(0)
+    for _ in range(h + 1):
+        forward(0)
+        forward(1)
+    for _ in range(half - h - 1):
+        backward(1, defer=True)
+        weight()
+        forward(1)
+    for i in range(m // 2 - n + h + 1):
+        if i == 0 and middle:  # where the two ways cross: not overlapped, to keep the bubble small
+            forward(0)
+            backward(1)
+        else:
+            pair(0, 1)
+        pair(1, 0)
+    for _ in range(half - h - 1):
+        backward(1)
+        pair(1, 0)
+    defer = False
+    for i in range(h + 1):
+        if i == (h + 1) // 2 and h % 2 == 1:
+            defer = True
+        backward(1, defer)
+        if i == (h + 1) // 2 and h % 2 == 0:
+            defer = True
+        backward(0, defer)
+    for _ in range(half - h - 1):
+        weight()
+        backward(0, defer=True)
+    for _ in range(h + 1):
+        weight()
+    assert not owed and fwd == bwd == [m // 2, m // 2], "dualpipe: every pass once"
     return out
 
 

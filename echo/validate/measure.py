@@ -35,6 +35,7 @@ from echo.config.workload import Workload
 from echo.errors import ConfigError
 from echo.io import write_parquet
 from echo.training.layout import Layout
+from echo.training.schedule import SPLIT_BACKWARD
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def check_measurable(w: Workload, *, memory_bytes: int | None = None, cores: int
         (p.cp > 1, "parallel.cp", "context parallelism is not run by the measure stage yet"),
         (p.zero == 3, "parallel.zero", "ZeRO 3 / FSDP is not run by the measure stage yet"),
         (p.sequence_parallel, "parallel.sequence_parallel", "sequence parallelism is not run by the measure stage yet"),
-        (p.schedule.startswith("zb-"), "parallel.schedule",
+        (p.schedule in SPLIT_BACKWARD, "parallel.schedule",
          f"{p.schedule} splits each backward into B and W, which the measure stage does not run yet"),
     ]
     for bad, key, reason in unsupported:
