@@ -252,7 +252,8 @@ def test_tiny_sweep_end_to_end(workflow_copy: Path) -> None:
 
 def test_repository_has_no_stray_sweep_files() -> None:
     assert sorted(p.stem for p in (REPO / "config" / "sweeps").glob("*.yaml")) == [
-        "gpt3-175b-a100-1024", "gpt3-175b-a100-1024-search", "llama3-70b-h100-512", "llama3-70b-h100-512-search"]
+        "gpt3-175b-a100-1024", "gpt3-175b-a100-1024-search", "gpt3-175b-a100-scaling", "llama3-70b-h100-512",
+        "llama3-70b-h100-512-search"]
 
 
 def test_cli_sweep_lists_layouts_and_reasons(tmp_path: Path) -> None:
