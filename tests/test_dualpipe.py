@@ -90,22 +90,36 @@ def test_memory_is_dualpipes_pp_plus_one(n, m):
     assert [in_flight(o) for o in orders] == [2 * n] * (n - 1) + [2 * n + 1]
 
 
+@pytest.mark.parametrize("schedule,stages,m,chunks,reason", [
+    ("dualpipev", 4, 7, 2, "2 x stages micro-batches"), ("dualpipev", 4, 8, 1, "two chunks"),
+    ("dualpipe", 3, 8, 2, "even number of stages"), ("dualpipe", 4, 7, 2, "at least 2 x stages")])
+def test_orders_refused(schedule, stages, m, chunks, reason):
+    with pytest.raises(ValueError, match=reason):
+        stage_orders(schedule, stages, m, chunks)
+
+
 def test_refusals():
-    with pytest.raises(ValueError, match="2 x stages micro-batches"):
-        stage_orders("dualpipev", 4, 7, 2)
-    with pytest.raises(ValueError, match="two chunks"):
-        stage_orders("dualpipev", 4, 8, 1)
-    base = {"model": {"arch": "llama", "layers": 8, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
-            "parallel": {"tp": 1, "pp": 2, "dp": 1, "zero": 1, "schedule": "dualpipev", "virtual_stages": 2},
-            "training": {"global_batch": 4, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}
+    base = two_chunk_workload("dualpipev")
     w = parse_workload(base, Path("config/workloads/dpv.yaml"))
     assert w.parallel.placement == "v" and len(orders_of(w.parallel, w.micro_batches)) == 2
-    for change, key in ((("training", "global_batch", 3), "training.global_batch"),
-                        (("parallel", "virtual_stages", 1), "parallel.schedule")):
-        spec = json.loads(json.dumps(base))
-        spec[change[0]][change[1]] = change[2]
-        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-            parse_workload(spec, Path("config/workloads/dpv.yaml"))
+    refused(base, {("training", "global_batch"): 3}, "training.global_batch")
+    refused(base, {("parallel", "virtual_stages"): 1}, "parallel.schedule")
+
+
+def two_chunk_workload(schedule: str) -> dict:
+    """A small Llama on 2 pipeline ranks with two chunks each, 4 micro-batches, under ``schedule``."""
+    return {"model": {"arch": "llama", "layers": 8, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
+            "parallel": {"tp": 1, "pp": 2, "dp": 1, "zero": 1, "schedule": schedule, "virtual_stages": 2},
+            "training": {"global_batch": 4, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}
+
+
+def refused(base: dict, changes: dict, key: str) -> None:
+    """``base`` with ``changes`` ((section, key) -> value) is refused, naming ``key``."""
+    spec = json.loads(json.dumps(base))
+    for (section, name), value in changes.items():
+        spec[section][name] = value
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        parse_workload(spec, Path("config/workloads/refused.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -144,30 +158,6 @@ def test_dualpipev_on_a_real_moe_trace(moe_v_trace):
 DUAL_LAYOUTS = [(2, 4), (2, 6), (4, 8), (4, 12), (8, 16), (8, 22)]
 
 
-def pipeline_dual(p: int, F: float, B: float, W: float) -> list:
-    """p stages of two chunks on the two ways of a pipeline fed from both ends: chunk 0 of stage s
-    is position s on the way from stage 0, chunk 1 position p - 1 - s on the way from stage p - 1;
-    each chunk a pass of F / B / W."""
-    from test_zero_bubble import compute, recv, send
-
-    from echo.simulate.program import Program, RankCosts
-
-    out = []
-    for s in range(p):
-        fwd, bi, wg, whole = [], [], [], []
-        for k in (s, p - 1 - s):
-            recv_f, send_f = k > 0, k < p - 1
-            fwd.append(Program(([recv(0, "fwd")] if recv_f else []) + [compute(1, F)] +
-                               ([send(2, 0.0, "fwd")] if send_f else [])))
-            head, tail = ([recv(0, "bwd")] if send_f else []), ([send(3, 0.0, "bwd")] if recv_f else [])
-            bi.append(Program(head + [compute(1, B)] + tail))
-            wg.append(Program([compute(2, W)]))
-            whole.append(Program(head + [compute(1, B), compute(2, W)] + tail))
-        out.append(RankCosts(forward=tuple(fwd), backward=tuple(whole), input_grad=tuple(bi),
-                             weight_grad=tuple(wg), w_pending_bytes=(1.0, 1.0)))
-    return out
-
-
 @pytest.mark.parametrize("n,m", DUAL_LAYOUTS)
 def test_dualpipe_runs_each_half_of_the_batch_from_its_end(n, m):
     for r, order in enumerate(stage_orders("dualpipe", n, m, 2)):
@@ -197,7 +187,7 @@ def test_dualpipe_bubble_follows_its_formula(F, W, n, m):
     b_in = F
     B = b_in + W
     bubble = (n // 2 - 1) * ((F + B) + B - 3 * W)
-    r = simulate(pipeline_dual(n, F, b_in, W), stage_orders("dualpipe", n, m, 2),
+    r = simulate(pipeline_v(n, F, b_in, W, "dual"), stage_orders("dualpipe", n, m, 2),
                  EngineOptions(post_validation=True, placement="dual"))
     check_split(r)
     assert r.step_us == pytest.approx(m * (F + b_in + W) + bubble)
@@ -214,26 +204,15 @@ def test_dualpipe_memory_is_pp_plus_one(n, m):
 
 
 def test_dualpipe_refusals():
-    with pytest.raises(ValueError, match="even number of stages"):
-        stage_orders("dualpipe", 3, 8, 2)
-    with pytest.raises(ValueError, match="at least 2 x stages"):
-        stage_orders("dualpipe", 4, 7, 2)
-    base = {"model": {"arch": "llama", "layers": 8, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32},
-            "parallel": {"tp": 1, "pp": 2, "dp": 1, "zero": 1, "schedule": "dualpipe", "virtual_stages": 2},
-            "training": {"global_batch": 4, "micro_batch": 1, "dtype": "bf16", "recompute": "none"}}
+    base = two_chunk_workload("dualpipe")
     w = parse_workload(base, Path("config/workloads/dp.yaml"))
     assert w.parallel.placement == "dual" and w.parallel.model_stages == 2 and w.parallel.layers_of(8) == [4, 4]
     assert w.traced().parallel.schedule == "dualpipe"  # the two ways are traced
-    for change, key in ((("training", "global_batch", 5), "training.global_batch"),
-                        (("parallel", "pp", 3), "parallel.schedule"),
-                        (("parallel", "zero", 3), "parallel.zero"),
-                        (("parallel", "stage_layers", [2, 2, 2, 2]), "parallel.stage_layers")):
-        spec = json.loads(json.dumps(base))
-        spec[change[0]][change[1]] = change[2]
-        if change[1] == "pp":  # an odd pipeline, everything else valid
-            spec["training"]["global_batch"], spec["model"]["layers"] = 12, 6
-        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-            parse_workload(spec, Path("config/workloads/dp.yaml"))
+    refused(base, {("training", "global_batch"): 5}, "training.global_batch")  # an odd number of micro-batches
+    # an odd pipeline, everything else valid
+    refused(base, {("parallel", "pp"): 3, ("training", "global_batch"): 12, ("model", "layers"): 6}, "parallel.schedule")
+    refused(base, {("parallel", "zero"): 3}, "parallel.zero")
+    refused(base, {("parallel", "stage_layers"): [2, 2, 2, 2]}, "parallel.stage_layers")  # pp entries, not 2 pp
 
 
 MOE = {"arch": "llama", "layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32, "experts": 4, "top_k": 2}

@@ -11,7 +11,7 @@ from test_simulate import check_split, compute, recv, send, topology
 from test_simulate_modes import SLOW, assert_same, traced
 
 from echo.config import parse_workload
-from echo.config.workload import split_with_embedding_and_loss
+from echo.config.workload import split_with_embedding_and_loss, virtual_stage
 from echo.errors import ConfigError
 from echo.simulate import EngineOptions, Program, RankCosts, simulate
 from echo.simulate.costing import split_backward
@@ -302,15 +302,21 @@ def test_rows_and_speedups_by_hand(reference):
 
 
 # --- ZB-V: two chunks a stage in a V ----------------------------------------------------------------
-def pipeline_v(p: int, F: float, B: float, W: float) -> list[RankCosts]:
-    """p stages of two chunks in a V (stage s: virtual stages s and 2p - 1 - s), each chunk a
-    pass of F / B / W; the turn at the last stage is local (no send)."""
+def pipeline_v(p: int, F: float, B: float, W: float, placement: str = "v") -> list[RankCosts]:
+    """p stages of two chunks in a V (stage s: virtual stages s and 2p - 1 - s; the turn at the
+    last stage is local, no send), or on the two ways of a pipeline fed from both ends (``dual``,
+    DualPipe: chunk 0 of stage s is position s on the way from stage 0, chunk 1 position
+    p - 1 - s on the way from stage p - 1); each chunk a pass of F / B / W."""
     out = []
     for s in range(p):
         fwd, bi, wg, whole = [], [], [], []
-        for c, k in ((0, s), (1, 2 * p - 1 - s)):
-            recv_f = k > 0 and not (c == 1 and s == p - 1)
-            send_f = k < 2 * p - 1 and not (c == 0 and s == p - 1)
+        for c in (0, 1):
+            k = virtual_stage(placement, p, c, s)
+            if placement == "dual":
+                recv_f, send_f = k > 0, k < p - 1
+            else:
+                recv_f = k > 0 and not (c == 1 and s == p - 1)
+                send_f = k < 2 * p - 1 and not (c == 0 and s == p - 1)
             recv_b, send_b = send_f, recv_f
             fwd.append(Program(([recv(0, "fwd")] if recv_f else []) + [compute(1, F)] +
                                ([send(2, 0.0, "fwd")] if send_f else [])))

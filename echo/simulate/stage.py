@@ -373,7 +373,7 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                 staged(dataclasses.replace(ctx, timer=CommTimer(SlowNics(network, every=f)))), orders, options).step_us / 1e6)
     summary = summary_table(workload=workload, hardware=hardware, topology=topology, classes=classes,
                             orders=orders, result=result, sim_wall_s=time.perf_counter() - t0,
-                            stage_capacity_gib=stage_memory_gib, extra={**link_columns,"overlap_source": slow.source,
+                            stage_capacity_gib=stage_memory_gib, extra={**link_columns, "overlap_source": slow.source,
                                    "overlap_grad_reduce": options.overlap_grad_reduce,
                                    "overlap_param_gather": options.overlap_param_gather,
                                    "tp_comm_overlap": options.tp_comm_overlap,

@@ -207,110 +207,58 @@ def _dualpipev(stage: int, stages: int, m: int) -> list[Task]:
     """DualPipeV (DeepSeek's DualPipe cut in half by Sea AI Lab; deepseek-ai/DualPipe,
     dualpipev.py, ``DualPipeV.step``) on rank ``stage`` of ``stages``, ``m`` >= 2 x stages
     micro-batches, chunk 0 the V's way down (virtual stage ``stage``) and chunk 1 its way back
-    (2 stages - 1 - stage, the loss on rank 0). Its eight steps, n = stages, r = stage:
-
-    1. 2 (n - r - 1) forwards of chunk 0; 2. r + 1 times a chunk-0 and a chunk-1 forward;
-    3. n - r - 1 times a chunk-1 backward, its W at once, a chunk-1 forward;
-    4. m - 2n + r + 1 times two overlapped pairs (chunk-0 forward with chunk-1 backward, then
-       chunk-1 forward with chunk-0 backward; the last rank runs its first pair unpaired);
-    5. n - r - 1 times a chunk-1 backward and a pair (chunk-1 forward, chunk-0 backward);
-    6. r + 1 times a chunk-1 and a chunk-0 backward, from the middle on with their W deferred;
-    7. n - r - 1 times an owed W and a chunk-0 backward with its W deferred; 8. the r + 1 owed Ws.
-
-    A pair is a forward marked ``combined`` and the backward after it (the engine runs them as one
-    program, ``overlaps.combined``: interleaved at their expert-parallel all-to-alls, both inputs
-    received before and both outputs sent after, as DualPipe's overlapped chunk does); a backward
-    whose W is not deferred is ``whole`` (DualPipe's full backward chunk: B and W in one program,
-    its gradient sent after both). Deferred Ws run oldest first (DualPipe's WeightGradStore queue)."""
+    (2 stages - 1 - stage, the loss on rank 0): ``_eight_steps`` with phase c = chunk c, every
+    micro-batch through both chunks, h = r, rest = n - r - 1, m - 2n + r + 1 steady-state rounds,
+    the last rank (the V's turn) running its first pair unpaired."""
     n, r = stages, stage
-    out: list[Task] = []
-    fwd_mb, bwd_mb, owed = [0, 0], [0, 0], []
-
-    def forward(c: int, combined: bool = False) -> None:
-        out.append(Task("F", fwd_mb[c], c, combined))
-        fwd_mb[c] += 1
-
-    def backward(c: int, defer: bool = False) -> None:
-        out.append(Task("B", bwd_mb[c], c, whole=not defer))
-        if defer:
-            owed.append((bwd_mb[c], c))
-        bwd_mb[c] += 1
-
-    def weight() -> None:
-        mb, c = owed.pop(0)
-        out.append(Task("W", mb, c))
-
-    def pair(f: int, b: int) -> None:
-        forward(f, combined=True)
-        backward(b)
-
-    for _ in range(2 * (n - r - 1)):
-        forward(0)
-    for _ in range(r + 1):
-        forward(0)
-        forward(1)
-    for _ in range(n - r - 1):
-        backward(1, defer=True)
-        weight()
-        forward(1)
-    for i in range(m - 2 * n + r + 1):
-        if i == 0 and r == n - 1:  # the turn of the V: not overlapped, to keep its bubble small
-            forward(0)
-            backward(1)
-        else:
-            pair(0, 1)
-        pair(1, 0)
-    for _ in range(n - r - 1):
-        backward(1)
-        pair(1, 0)
-    defer = False
-    for i in range(r + 1):
-        if i == (r + 1) // 2 and r % 2 == 1:
-            defer = True
-        backward(1, defer)
-        if i == (r + 1) // 2 and r % 2 == 0:
-            defer = True
-        backward(0, defer)
-    for _ in range(n - r - 1):
-        weight()
-        backward(0, defer=True)
-    for _ in range(r + 1):
-        weight()
-    assert not owed and fwd_mb == bwd_mb == [m, m], "dualpipev: every pass once"
-    return out
+    return _eight_steps(h=r, rest=n - r - 1, rounds=m - 2 * n + r + 1, turn=r == n - 1,
+                        chunk_of=(0, 1), first_mb=(0, 0), per_chunk=m)
 
 
 def _dualpipe(stage: int, stages: int, m: int) -> list[Task]:
     """DualPipe (DeepSeek-V3 report; deepseek-ai/DualPipe, dualpipe.py, ``DualPipe.step``) on rank
     ``stage`` of an even number ``stages``, ``m`` micro-batches, half fed at rank 0 (micro-batches
     0 .. m/2 - 1, each through chunk 0 of every rank, stage s on rank s) and half at the last rank
-    (m/2 .. m - 1, through chunk 1, stage s on rank stages - 1 - s). Phase 0 of a rank is the way
-    on which it sits in the first half of the pipeline (chunk 0 on ranks below stages / 2, chunk 1
-    on the others), phase 1 the other. Its eight steps, n = stages, h = min(r, n - 1 - r):
-
-    1. 2 (n/2 - h - 1) phase-0 forwards; 2. h + 1 times a phase-0 and a phase-1 forward;
-    3. n/2 - h - 1 times a phase-1 backward, its W at once, a phase-1 forward;
-    4. m/2 - n + h + 1 times two overlapped pairs (phase-0 forward with phase-1 backward, then
-       phase-1 forward with phase-0 backward; the two middle ranks run their first pair unpaired);
-    5. n/2 - h - 1 times a phase-1 backward and a pair (phase-1 forward, phase-0 backward);
-    6. h + 1 times a phase-1 and a phase-0 backward, from the middle on with their W deferred;
-    7. n/2 - h - 1 times an owed W and a phase-0 backward with its W deferred; 8. the h + 1 owed Ws.
-
-    Pairs, whole backwards and owed Ws as in ``_dualpipev``."""
+    (m/2 .. m - 1, through chunk 1, stage s on rank stages - 1 - s): ``_eight_steps`` with phase 0
+    the way on which the rank sits in the first half of the pipeline (chunk 0 on ranks below
+    stages / 2, chunk 1 on the others), h = min(r, n - 1 - r), rest = n/2 - h - 1, m/2 - n + h + 1
+    steady-state rounds, the two middle ranks (where the ways cross) running their first pair
+    unpaired."""
     n, r = stages, stage
-    half, h = n // 2, min(stage, stages - 1 - stage)
-    second, middle = int(r >= n // 2), h == n // 2 - 1
-    first_mb = (0, m // 2)  # the micro-batches fed at rank 0 go through chunk 0, the others chunk 1
+    h, second = min(r, n - 1 - r), int(r >= n // 2)
+    return _eight_steps(h=h, rest=n // 2 - h - 1, rounds=m // 2 - n + h + 1, turn=h == n // 2 - 1,
+                        chunk_of=(second, 1 - second), first_mb=(0, m // 2), per_chunk=m // 2)
+
+
+def _eight_steps(*, h: int, rest: int, rounds: int, turn: bool, chunk_of: tuple[int, int],
+                 first_mb: tuple[int, int], per_chunk: int) -> list[Task]:
+    """The eight steps DualPipe and DualPipeV run on a rank (their ``step``), over its two phases
+    (``chunk_of[p]``: the chunk phase p runs; ``first_mb[c]``: chunk c's first micro-batch):
+
+    1. 2 rest phase-0 forwards; 2. h + 1 times a phase-0 and a phase-1 forward;
+    3. rest times a phase-1 backward, its W at once, a phase-1 forward;
+    4. ``rounds`` times two overlapped pairs (phase-0 forward with phase-1 backward, then phase-1
+       forward with phase-0 backward; at the ``turn`` the first pair runs unpaired, to keep the
+       bubble small);
+    5. rest times a phase-1 backward and a pair (phase-1 forward, phase-0 backward);
+    6. h + 1 times a phase-1 and a phase-0 backward, from the middle on with their W deferred;
+    7. rest times an owed W and a phase-0 backward with its W deferred; 8. the h + 1 owed Ws.
+
+    A pair is a forward marked ``combined`` and the backward after it (the engine runs them as one
+    program, ``overlaps.combined``: interleaved at their expert-parallel all-to-alls, both inputs
+    received before and both outputs sent after, as DualPipe's overlapped chunk does); a backward
+    whose W is not deferred is ``whole`` (DualPipe's full backward chunk: B and W in one program,
+    its gradient sent after both). Deferred Ws run oldest first (DualPipe's WeightGradStore queue)."""
     out: list[Task] = []
     fwd, bwd, owed = [0, 0], [0, 0], []
 
     def forward(phase: int, combined: bool = False) -> None:
-        c = phase ^ second
+        c = chunk_of[phase]
         out.append(Task("F", first_mb[c] + fwd[c], c, combined))
         fwd[c] += 1
 
     def backward(phase: int, defer: bool = False) -> None:
-        c = phase ^ second
+        c = chunk_of[phase]
         out.append(Task("B", first_mb[c] + bwd[c], c, whole=not defer))
         if defer:
             owed.append((first_mb[c] + bwd[c], c))
@@ -324,23 +272,23 @@ def _dualpipe(stage: int, stages: int, m: int) -> list[Task]:
         forward(f, combined=True)
         backward(b)
 
-    for _ in range(2 * (half - h - 1)):
+    for _ in range(2 * rest):
         forward(0)
     for _ in range(h + 1):
         forward(0)
         forward(1)
-    for _ in range(half - h - 1):
+    for _ in range(rest):
         backward(1, defer=True)
         weight()
         forward(1)
-    for i in range(m // 2 - n + h + 1):
-        if i == 0 and middle:  # where the two ways cross: not overlapped, to keep the bubble small
+    for i in range(rounds):
+        if i == 0 and turn:
             forward(0)
             backward(1)
         else:
             pair(0, 1)
         pair(1, 0)
-    for _ in range(half - h - 1):
+    for _ in range(rest):
         backward(1)
         pair(1, 0)
     defer = False
@@ -351,12 +299,12 @@ def _dualpipe(stage: int, stages: int, m: int) -> list[Task]:
         if i == (h + 1) // 2 and h % 2 == 0:
             defer = True
         backward(0, defer)
-    for _ in range(half - h - 1):
+    for _ in range(rest):
         weight()
         backward(0, defer=True)
     for _ in range(h + 1):
         weight()
-    assert not owed and fwd == bwd == [m // 2, m // 2], "dualpipe: every pass once"
+    assert not owed and fwd == bwd == [per_chunk, per_chunk], "dualpipe: every pass once"
     return out
 
 
