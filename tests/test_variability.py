@@ -188,6 +188,23 @@ def test_replicas_on_a_mix_of_gpus_run_at_the_slowest(tmp_path):
     assert mixed["step_time_s"] == pytest.approx(1065e-6)
     with pytest.raises(ValueError, match="pipeline stages \\[3\\]"):
         simulate(tmp_path, w, "bad", stage_kernels={3: [slow]})
+    # full mode, rank by rank: the second replica (ranks 2 and 3) on the slower model; the first
+    # waits for it at the gradient reduce-scatter and all-gather, the step is the same
+    full = simulate(tmp_path, w, "full", mode="full", rank_kernels={2: slow, 3: slow})
+    assert full["step_time_s"] == pytest.approx(1065e-6)
+    with pytest.raises(ValueError, match="rank_kernels .* needs mode='full'"):
+        simulate(tmp_path, w, "sym", rank_kernels={2: slow})
+
+
+def test_a_stage_on_a_slower_gpu_in_full_mode(tmp_path):
+    # PP2 TP2, stage 1's ranks (2 and 3) on a 2x slower model, rank by rank: as symmetric mode's
+    # stage_kernels (1050 us, test_a_stage_on_a_slower_gpu_runs_as_a_straggler_stage)
+    w = make_workload(tp=2, pp=2, dp=1, global_batch=1)
+    simulate(tmp_path, w, "ideal")
+    slow = _slow_kernels(tmp_path, 2.0)
+    full = simulate(tmp_path, w, "full", mode="full", rank_kernels={2: slow, 3: slow})
+    assert full["step_time_s"] == pytest.approx(1050e-6)
+    assert full["step_time_s"] == pytest.approx(simulate(tmp_path, w, "sym", stage_kernels={1: [slow]})["step_time_s"])
 
 
 def test_the_simulate_command_parses_stragglers_and_stage_hardware(capsys):

@@ -235,13 +235,16 @@ def read_mesh(rank_classes_path: Path) -> tuple[Relabel, dict[str, list]]:
 
 
 def full_ranks(classes: list[ClassInfo], mesh: Relabel, cols: Mapping[str, list], ctx: OpContext,
-               compute_scale: Mapping[int, float] | None = None) -> list[RankSpec]:
-    """Every rank of the job with its class's programs relabelled to its own groups and peers."""
+               compute_scale: Mapping[int, float] | None = None,
+               on_model: Mapping[int, Mapping[int, ClassInfo]] | None = None) -> list[RankSpec]:
+    """Every rank of the job with its class's programs relabelled to its own groups and peers
+    (``on_model``: rank -> its classes by id as costed on the GPU model it runs on, where not the
+    job's: a heterogeneous job)."""
     by_id = {c.class_id: c for c in classes}
-    scale = compute_scale or {}
+    scale, on_model = compute_scale or {}, on_model or {}
     out = []
     for rank, class_id, stage in sorted(zip(cols["rank"], cols["class_id"], cols["pp_rank"], strict=True)):
-        c = by_id[class_id]
+        c = on_model.get(rank, by_id)[class_id]
         out.append(RankSpec(rank=rank, stage=stage,
                             costs=relabel_costs(c.costs, mesh.mapper(c.representative, rank), ctx.link,
                                                 scale.get(rank, 1.0), ctx.timer)))
@@ -255,7 +258,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
                  timer: CommTimer | None = None, stragglers: Mapping[int, float] | None = None,
                  stage_kernels: Mapping[int, Sequence[Path | str]] | None = None,
                  slow_nodes: Mapping[int, float] | None = None,
-                 stage_memory_gib: Mapping[int, float] | None = None) -> pa.Table:
+                 stage_memory_gib: Mapping[int, float] | None = None,
+                 rank_kernels: Mapping[int, Path | str] | None = None) -> pa.Table:
     """Simulate one step of ``workload`` on ``hardware`` GPUs over ``topology``; write summary,
     timeline, trace.json and schedule.parquet to ``out_dir`` and return the summary
     (``summary_only``: the summary alone, as a search that ranks thousands of layouts wants).
@@ -277,7 +281,9 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     model): stages on another GPU, or data-parallel replicas on a mix of GPUs, where each task of
     the stage takes the slowest model's program, as its collectives wait for it;
     ``stage_memory_gib``: the memory of the smallest of those models, which the stage must fit
-    (summary ``fits``, ``stage_capacity_gib``). ``slow_nodes``:
+    (summary ``fits``, ``stage_capacity_gib``). ``rank_kernels`` (full mode): a heterogeneous job
+    rank by rank, rank -> the kernels.parquet of the GPU model it runs on (others on
+    ``kernels_path``'s), which checks symmetric mode's slowest-model stages. ``slow_nodes``:
     node -> factor on the transfer time of its NICs (a link straggler, in either mode:
     echo.simulate.slow_links). A topology with ``link_variability`` adds the step at quantiles of
     its slowest node's NICs (symmetric mode; summary ``step_link_p50_s`` ...)."""
@@ -314,7 +320,10 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
     mesh, cols = read_mesh(Path(rank_classes_path))
     if stage_kernels and mode != "symmetric":
-        raise ValueError("stage_kernels (GPU models per pipeline stage) needs mode='symmetric'")
+        raise ValueError("stage_kernels (GPU models per pipeline stage) needs mode='symmetric'; full mode takes "
+                         "rank_kernels")
+    if rank_kernels and mode != "full":
+        raise ValueError("rank_kernels (a GPU model per rank) needs mode='full'; symmetric mode takes stage_kernels")
     stage_of = dict(zip(cols["rank"], cols["pp_rank"], strict=True))
     slow_stages = variability.stage_factors(stragglers, stage_of) if stragglers else {}
     spread = topology.link_variability.nic_bw_sigma.value if topology.link_variability is not None else 0.0
@@ -347,7 +356,11 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         scale = dict(compute_scale or {})
         for rank, factor in (stragglers or {}).items():
             scale[rank] = scale.get(rank, 1.0) * factor
-        result = simulate_full(full_ranks(classes, mesh, cols, ctx, scale), orders, options)
+        on_path = {p: {c.class_id: c for c in load_classes(workload, trace_dir, Path(rank_classes_path),
+                                                          dataclasses.replace(ctx, kernels=load_kernels(Path(p))))}
+                   for p in {str(p) for p in (rank_kernels or {}).values()}}
+        on_model = {rank: on_path[str(p)] for rank, p in (rank_kernels or {}).items()}
+        result = simulate_full(full_ranks(classes, mesh, cols, ctx, scale, on_model), orders, options)
         rank_class = dict(zip(cols["rank"], cols["class_id"], strict=True))
     else:
         result = simulate(costs, orders, options)
