@@ -41,8 +41,8 @@ from slurm_local import LocalSlurm, SlurmUnavailable, install  # noqa: E402
 pytestmark = pytest.mark.slurm
 
 # Rules that run on the submitting host (localrule: True / localrules:), not as SLURM jobs.
-LOCAL_RULES = {"all", "report", "plot_experiment", "plot_overview", "plot_sweep", "sweep_trace", "sweep_layouts",
-               "sweep_rank"}
+LOCAL_RULES = {"all", "report", "plot_experiment", "plot_overview", "plot_sweep", "plan_experiment",
+               "plot_time_to_train", "sweep_trace", "sweep_layouts", "sweep_rank"}
 # Columns that hold wall-clock times of the run itself, not results.
 WALL_CLOCK = {"trace_wall_s", "sim_wall_s"}
 
