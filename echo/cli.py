@@ -151,6 +151,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from echo.config import load_hardware, load_topology, load_workload
     from echo.config.loader import check_placement, config_path
     from echo.simulate import run_simulate
+    from echo.simulate.slow_links import check_slow_nodes
 
     workload = load_workload(args.workload, root=args.config_dir)
     hardware = load_hardware(args.hardware, root=args.config_dir)
@@ -168,11 +169,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if stragglers and max(stragglers) >= workload.world_size:
         raise ConfigError(config_path("workload", w, args.config_dir), "parallel",
                           f"--straggler rank {max(stragglers)} is not in the job (world size {workload.world_size})")
-    slow_nodes = dict(args.slow_node or [])
-    nodes = -(-workload.world_size // topology.node_ranks)
-    if slow_nodes and max(slow_nodes) >= nodes:
-        raise ConfigError(config_path("topology", t, args.config_dir), "gpus_per_node",
-                          f"--slow-node {max(slow_nodes)} is not in the job ({nodes} nodes of {topology.node_ranks} ranks)")
+    try:  # before any work: the node must be one the job fills
+        slow_nodes = check_slow_nodes(dict(args.slow_node or []), topology.nodes(workload.world_size),
+                                      topology.node_ranks)
+    except ValueError as exc:
+        raise ConfigError(config_path("topology", t, args.config_dir), "gpus_per_node", f"--slow-node: {exc}") from None
     stage_kernels: dict[int, list[Path]] = {}
 
     def kernels_of(other: str) -> Path:

@@ -102,11 +102,13 @@ def test_a_job_inside_one_node_never_sees_a_slow_nic(tmp_path):
 
 
 def test_slow_nodes_are_checked():
-    assert check_slow_nodes({1: 2.0}, world_size=8, node_ranks=2) == {1: 2.0}
+    nodes = topology(gpus_per_node=2).nodes(8)
+    assert nodes == 4 and topology(gpus_per_node=8).nodes(2) == 1
+    assert check_slow_nodes({1: 2.0}, nodes=nodes, node_ranks=2) == {1: 2.0}
     with pytest.raises(ValueError, match="node 4 is not in the job"):
-        check_slow_nodes({4: 2.0}, world_size=8, node_ranks=2)
+        check_slow_nodes({4: 2.0}, nodes=nodes, node_ranks=2)
     with pytest.raises(ValueError, match="must be > 0"):
-        check_slow_nodes({0: 0.0}, world_size=8, node_ranks=2)
+        check_slow_nodes({0: 0.0}, nodes=nodes, node_ranks=2)
     # ranks 0-3 on stage 0, 4-7 on stage 1, two a node: node 1 holds stage 0's ranks 2 and 3, node 3
     # stage 1's 6 and 7; in symmetric mode every rank of either stage is slow at its node's factor
     assert slow_stage_ranks({1: 1.5, 3: 1.2}, {r: r // 4 for r in range(8)}, 2) == \

@@ -209,6 +209,11 @@ class Topology(BaseModel):
         """GPUs of each node a job fills: rank r runs on node r // node_ranks."""
         return self.ranks_per_node or self.gpus_per_node
 
+    def nodes(self, world_size: int) -> int:
+        """Nodes a job of ``world_size`` ranks fills (node = rank // node_ranks; the last may be partial
+        for a job smaller than a node)."""
+        return -(-world_size // self.node_ranks)
+
     def placement_problem(self, world_size: int) -> tuple[str, str] | None:
         """(key, reason) when a job of ``world_size`` ranks cannot be placed on this topology's nodes,
         else None: a job larger than one node fills whole nodes, ``node_ranks`` GPUs on each."""

@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from echo.simulate.variability import QUANTILES, quantile_max_normal
 
 
-def check_slow_nodes(slow_nodes: Mapping[int, float], world_size: int, node_ranks: int) -> dict[int, float]:
-    """``slow_nodes`` (node -> factor on its NICs' transfer times) checked against the job's nodes."""
-    nodes = -(-world_size // node_ranks)
+def check_slow_nodes(slow_nodes: Mapping[int, float], nodes: int, node_ranks: int) -> dict[int, float]:
+    """``slow_nodes`` (node -> factor on its NICs' transfer times) checked against the job's
+    ``nodes`` (``Topology.nodes``) of ``node_ranks`` ranks."""
     out = {}
     for node, factor in slow_nodes.items():
         if not 0 <= int(node) < nodes:

@@ -312,32 +312,30 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         timer = CommTimer(network)
     elif timer.network is not network:
         raise ValueError("simulate: the timer given times another network than the one given")
-    # the launching host's pace (a GPU's kernel queue hides it until the host falls behind or waits);
-    # a step captured whole in a CUDA graph is launched at once
-    launch_us = hardware.host.launch_us.value if hardware.host is not None and \
-        workload.training.cuda_graph == "none" else 0.0
-    ctx = OpContext(load_kernels(Path(kernels_path)), timer, slow, topology.node_ranks, launch_us)
-    classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
-    mesh, cols = read_mesh(Path(rank_classes_path))
     if stage_kernels and mode != "symmetric":
         raise ValueError("stage_kernels (GPU models per pipeline stage) needs mode='symmetric'; full mode takes "
                          "rank_kernels")
     if rank_kernels and mode != "full":
         raise ValueError("rank_kernels (a GPU model per rank) needs mode='full'; symmetric mode takes stage_kernels")
+    mesh, cols = read_mesh(Path(rank_classes_path))
     stage_of = dict(zip(cols["rank"], cols["pp_rank"], strict=True))
     slow_stages = variability.stage_factors(stragglers, stage_of) if stragglers else {}
     spread = topology.link_variability.nic_bw_sigma.value if topology.link_variability is not None else 0.0
     if (slow_nodes or spread) and not isinstance(network, NetworkModel):
         raise ValueError("slow links (slow_nodes, a topology's link_variability) need an echo.network.NetworkModel "
                          f"to degrade, got {type(network).__name__}")
-    slow_nodes = slow_links.check_slow_nodes(slow_nodes or {}, workload.world_size, topology.node_ranks)
+    slow_nodes = slow_links.check_slow_nodes(slow_nodes or {}, topology.nodes(workload.world_size), topology.node_ranks)
     if slow_nodes:
         # full mode: each rank's transfers that cross a slow node; symmetric: those of every rank of a
         # stage with a slow node, its rings and its neighbours' sends (echo.simulate.slow_links)
-        slow_net = SlowNics(network, slow_nodes) if mode == "full" else \
-            SlowNics(network, ranks=slow_links.slow_stage_ranks(slow_nodes, stage_of, topology.node_ranks))
-        ctx = dataclasses.replace(ctx, timer=CommTimer(slow_net))
-        classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
+        timer = CommTimer(SlowNics(network, slow_nodes) if mode == "full" else
+                          SlowNics(network, ranks=slow_links.slow_stage_ranks(slow_nodes, stage_of, topology.node_ranks)))
+    # the launching host's pace (a GPU's kernel queue hides it until the host falls behind or waits);
+    # a step captured whole in a CUDA graph is launched at once
+    launch_us = hardware.host.launch_us.value if hardware.host is not None and \
+        workload.training.cuda_graph == "none" else 0.0
+    ctx = OpContext(load_kernels(Path(kernels_path)), timer, slow, topology.node_ranks, launch_us)
+    classes = load_classes(workload, trace_dir, Path(rank_classes_path), ctx)
 
     def staged(octx: OpContext) -> list[RankCosts]:
         """Every stage's programs costed in ``octx``, heterogeneous stages on their GPUs, stragglers slower."""
@@ -380,9 +378,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
             tmp.write_text(json.dumps(trace, separators=(",", ":")))
     link_columns = {}
     if mode == "symmetric":
-        nodes = -(-workload.world_size // topology.node_ranks)
         link_columns = slow_links.link_quantile_columns(
-            spread, nodes, result.step_us / 1e6, lambda f: simulate(
+            spread, topology.nodes(workload.world_size), result.step_us / 1e6, lambda f: simulate(
                 staged(dataclasses.replace(ctx, timer=CommTimer(SlowNics(network, every=f)))), orders, options).step_us / 1e6)
     summary = summary_table(workload=workload, hardware=hardware, topology=topology, classes=classes,
                             orders=orders, result=result, sim_wall_s=time.perf_counter() - t0,
