@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from echo.network.costs import P2P_OPS, Candidate, NetworkParams, Shape, best, candidates
 
@@ -78,11 +79,16 @@ def flow_of(params: NetworkParams, shape: Shape, op: str, group: Sequence[int], 
                 continue
             rate = per_byte * nbytes / data / 1e3  # GB/s through each member's port
             share = min(1.0, rate / cap_GBps)
-            for gpu in senders:
-                loads[(tier, gpu, "tx")] = share
-            for gpu in receivers:
-                loads[(tier, gpu, "rx")] = share
+            loads.update(dict.fromkeys(_ports(tier, tuple(senders), "tx"), share))
+            loads.update(dict.fromkeys(_ports(tier, tuple(receivers), "rx"), share))
     return Flow(cand.latency_us, data, loads)
+
+
+@lru_cache(maxsize=4096)
+def _ports(tier: str, gpus: tuple[int, ...], direction: str) -> tuple[Resource, ...]:
+    """The links (tier, gpu, direction) of ``gpus``: a group repeats its transfers at many sizes,
+    and a data-parallel group of a large job has thousands of members."""
+    return tuple((tier, gpu, direction) for gpu in gpus)
 
 
 def _tiers(cand: Candidate, nodes: int, params: NetworkParams) -> list[tuple[str, float, float]]:

@@ -49,7 +49,7 @@ class CommTimer:
                 f = net.flow(op, group, int(nbytes))
                 if f is not None:
                     latency = min(float(f.latency_us), us)
-                    loads = tuple(sorted(f.loads.items()))
+                    loads = tuple(f.loads.items())  # in the network's order (sorting thousands of a big group's links costs)
                 # the calling API's own work (a copy, Python on the calling thread) loads no link
                 extra = net.api_overhead_us(api, op, nbytes)
             self._cache[key] = (us + extra, latency + extra, loads)

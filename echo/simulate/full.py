@@ -65,10 +65,16 @@ class Relabel:
     def mapper(self, rep: int, rank: int):
         """A function taking a global rank seen by ``rep`` to the one ``rank`` sees in its place."""
         delta = [a - b for a, b in zip(self.coords[rank], self.coords[rep], strict=True)]
+        # only the axes that move (a class spanning stages moves along pp alone): groups of
+        # thousands of ranks are moved member by member
+        axes = [(i, d, n) for i, (d, n) in enumerate(zip(delta, self.sizes, strict=True)) if d % n]
+        coords, ranks = self.coords, self.ranks
 
         def move(g: int) -> int:
-            c = self.coords[g]
-            return self.ranks[tuple((x + d) % n for x, d, n in zip(c, delta, self.sizes, strict=True))]
+            c = list(coords[g])
+            for i, d, n in axes:
+                c[i] = (c[i] + d) % n
+            return ranks[tuple(c)]
 
         return move
 

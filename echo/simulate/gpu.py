@@ -26,8 +26,10 @@ queue behind whole gradient buckets.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from echo.network.contention import max_min_rates
 
@@ -43,6 +45,11 @@ class Flow:
     @property
     def solo_us(self) -> float:
         return self.latency_us + self.work_us
+
+    @cached_property
+    def load_map(self) -> Mapping[tuple, float]:
+        """``loads`` as a mapping, built once (an all-to-all loads hundreds of links); never mutated."""
+        return dict(self.loads)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ def max_min_share(inflight: Sequence[InFlight], start: float, flow: Flow) -> flo
     left = flow.work_us
     if left <= 0:
         return t
-    loads = dict(flow.loads)
+    loads = flow.load_map
     others = [f for f in inflight if f.end > t]
     while True:
         active = [f for f in others if f.data_start <= t < f.end]
@@ -126,7 +133,7 @@ class Gpu:
         """Record a transfer on ``stream`` during [start, end]."""
         self.stream_free[stream] = max(self.stream_free.get(stream, 0.0), end)
         if end > start:
-            self.flows.append(InFlight(start, min(start + flow.latency_us, end), end, dict(flow.loads)))
+            self.flows.append(InFlight(start, min(start + flow.latency_us, end), end, flow.load_map))
             self.busy.append((start, end))
             self.busy.sort(key=lambda f: f[1])
             self.busy_until = max(self.busy_until, end)
@@ -160,3 +167,37 @@ class Gpu:
                 left -= nxt - t
                 t = nxt
         return t
+
+    def stretch_run(self, t: float, work: Sequence[float], slow: Sequence[float], lo: int, hi: int) -> float:
+        """End of kernels lo..hi-1 run back to back from ``t``: ``stretch`` of each in turn, with
+        no transfer starting meanwhile (``echo.simulate.kernel_runs``). ``work`` and ``slow``: prefix
+        sums of their durations alone and beside a transfer ((1 + s) x each). Walks the busy
+        intervals, converting progress between the two sums, not the kernels."""
+        w, w_end = work[lo], work[hi]
+        if self.busy_until <= t:
+            return t + (w_end - w)
+        x, x_end = slow[lo], slow[hi]
+        while True:
+            cover = max((b for a, b in self.busy if a <= t < b), default=None)
+            if cover is not None:
+                if x_end - x <= cover - t:
+                    return t + (x_end - x)
+                x += cover - t
+                w = _along(slow, work, x, lo, hi)
+                t = cover
+            else:
+                nxt = min((a for a, b in self.busy if a > t), default=None)
+                if nxt is None or w_end - w <= nxt - t:
+                    return t + (w_end - w)
+                w += nxt - t
+                x = _along(work, slow, w, lo, hi)
+                t = nxt
+
+
+def _along(src: Sequence[float], dst: Sequence[float], v: float, lo: int, hi: int) -> float:
+    """The point of prefix sums ``dst`` that corresponds to ``v`` on prefix sums ``src`` (both
+    piecewise linear in the same ops lo..hi-1)."""
+    k = bisect_right(src, v, lo, hi + 1) - 1  # the op v falls in: the last boundary at or before it
+    if k >= hi:
+        return dst[hi]
+    return dst[k] + (v - src[k]) * (dst[k + 1] - dst[k]) / (src[k + 1] - src[k])

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from echo.simulate.gpu import Flow, Gpu
+from echo.simulate.kernel_runs import KernelRuns
 
 COMPUTE_KINDS = ("compute", "memcpy")
 COMPUTE, BLOCKING, ASYNC, SEND, RECV = range(5)
@@ -126,9 +127,9 @@ class Run:
 class Program:
     """One task's ops, compiled for replay, with its clean replay (idle device, time 0)."""
 
-    __slots__ = ("ops", "waits", "steps", "recvs", "recv_first", "cost", "_at", "_jump", "_cum", "_kinds",
+    __slots__ = ("ops", "waits", "steps", "recvs", "recv_first", "_cost", "_at", "_jump", "_cum", "_kinds",
                  "flops", "recompute_flops", "has_async", "send_ops", "_send_at", "hosted", "_ch", "_host_ok",
-                 "_host_room", "_synced", "_host_end")
+                 "_host_room", "_synced", "_host_end", "runs")
 
     def __init__(self, ops: Iterable[Op] = (), waits: Mapping[int, Sequence[int]] | None = None):
         self.ops = tuple(ops)
@@ -149,9 +150,22 @@ class Program:
         for op in self.ops:
             ch.append(ch[-1] + op.host_us)
         self._ch = ch  # host time of the ops before each index
+        self.runs = KernelRuns.of(self.steps, self.waits, ch, COMPUTE)
         self.flops = sum(op.flops for op in self.ops)
         self.recompute_flops = sum(op.flops for op in self.ops if op.recompute)
-        self._clean()
+        self._cost: TaskCost | None = None  # the clean replay, made on first use (``clean``)
+
+    @property
+    def cost(self) -> TaskCost:
+        """The task replayed on an idle device from time 0 (what it costs its stage)."""
+        return self.clean()
+
+    def clean(self) -> TaskCost:
+        """The clean replay, computed once on first use: many programs built (a class's, before it
+        is relabelled to the stages it spans) are never replayed."""
+        if self._cost is None:
+            self._clean()
+        return self._cost
 
     def _clean(self) -> None:
         """Replay on an idle device; keep, per op, its start and whether the suffix from it can be
@@ -182,7 +196,7 @@ class Program:
         self._jump = [idle[i] and tail_ok[i] for i in range(n + 1)]
         self._host_end = gpu.host
         self._host_clean(at, hosts, cum.get("host"))
-        self.cost = TaskCost(duration_us=run.end, compute_us=run.compute_us,
+        self._cost = TaskCost(duration_us=run.end, compute_us=run.compute_us,
                              exposed_us=tuple(sorted(run.exposed.items())), flops=self.flops,
                              recompute_flops=self.recompute_flops,
                              comm_us=tuple(op.duration_us for op in self.ops if op.code == ASYNC),
@@ -252,7 +266,11 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
     ri = 0
     waits = prog.waits
     steps = prog.steps
-    jump = prog._jump if probe is None and not full else None
+    jump = None
+    if probe is None and not full:  # the jump reads the clean replay
+        prog.clean()
+        jump = prog._jump
+    runs = prog.runs if probe is None else None  # the clean replay probes every op
     n = len(steps)
     i = 0
     hosted = prog.hosted
@@ -261,6 +279,10 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
                 prog.host_fits(i, gpu.host, t - prog._at[i]):
             _jump(prog, run, gpu, i, t)
             return _finish(run, gpu, drain)
+        if runs is not None and (j := runs.end[i]) > i + 1 and (not hosted or gpu.host - t <= runs.room[i]):
+            t = _kernel_run(prog, run, gpu, i, j, t)
+            i = j
+            continue
         code, dur, s, op, flow = steps[i]
         if run.begin < 0 and code != RECV:
             run.begin = t
@@ -328,6 +350,21 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
     return _finish(run, gpu, drain)
 
 
+def _kernel_run(prog: Program, run: Run, gpu: Gpu, i: int, j: int, t: float) -> float:
+    """Ops i..j-1, a run of kernels the host keeps ahead of, replayed at once from ``t``
+    (``echo.simulate.kernel_runs``); returns the compute stream's time after them."""
+    runs = prog.runs
+    if run.begin < 0:
+        run.begin = t
+    end = gpu.stretch_run(t, runs.work, runs.slow, i, j)
+    run.compute_us += end - t
+    run.slowdown_us += max(end - t - (runs.work[j] - runs.work[i]), 0.0) + runs.slowed[j] - runs.slowed[i]
+    if prog.hosted:
+        gpu.host += prog._ch[j] - prog._ch[i]
+    gpu.prune(end)
+    return end
+
+
 def _launch(gpu: Gpu, op: Op, t: float, run: Run) -> float:
     """The host launches ``op`` (after waiting for the GPU to reach it, at a sync); returns when the
     compute stream may go on with it, the wait charged to host."""
@@ -376,6 +413,7 @@ def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, f
     """Run ``prog`` on ``gpu`` from ``start``; ``recvs``: (transfer start, arrival) of each of its
     recvs in order. Shifts the clean replay when nothing of the device overlaps the task."""
     if drain is None and prog.recv_first and not prog.has_async:
+        c = prog.clean()
         run = Run(start)
         t, host = start, gpu.host
         for j, (sent, arrive) in enumerate(recvs[:prog.recvs]):
@@ -388,7 +426,6 @@ def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, f
                 t = arrive
         first = prog.recvs  # the clean replay got past its recvs at 0
         if gpu.idle_after(t) and prog.host_fits(first, gpu.host, t - prog._at[first]):
-            c = prog.cost
             gpu.host = prog.host_after(first, gpu.host, t - prog._at[first])
             run.begin = t
             run.compute_us, run.slowdown_us = c.compute_us, c.slowdown_us
