@@ -43,8 +43,10 @@ def test_post_validation_is_an_axis_that_shares_the_trace(config_root: Path):
             "axes": {"schedule": ["1f1b", "zb-h1"], "post_validation": [False, True]}}
     exp = expand_spec(config_root, spec)
     names = sorted(c.name.split("--")[1] for c in exp.kept)
-    assert names == ["tp1-pp8-dp1-mb6", "tp1-pp8-dp1-mb6-pv1", "tp1-pp8-dp1-zb-h1-mb6", "tp1-pp8-dp1-zb-h1-mb6-pv1"]
-    assert {c.trace for c in exp.kept} == {"s--trace-tp1-pp8-dp1-mb6"}   # simulation only: one trace
+    # z0: the paper's runs had no distributed optimizer (echo.validate.zero_bubble)
+    assert names == ["tp1-pp8-dp1-z0-mb6", "tp1-pp8-dp1-z0-mb6-pv1", "tp1-pp8-dp1-z0-zb-h1-mb6",
+                     "tp1-pp8-dp1-z0-zb-h1-mb6-pv1"]
+    assert {c.trace for c in exp.kept} == {"s--trace-tp1-pp8-dp1-z0-mb6"}   # simulation only: one trace
     assert {c.workload.parallel.post_validation for c in exp.kept} == {False, True}
 
 
