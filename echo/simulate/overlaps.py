@@ -195,7 +195,7 @@ def _steps(prog: Program, offset: int) -> list[tuple[list[Op], Op | None]]:
     return out + [(seg, None)]
 
 
-def combined(forward: Program, backward: Program, batched_p2p: bool = False) -> Program:
+def combined(forward: Program, backward: Program, batched_p2p: bool = False, steps=_steps) -> Program:
     """Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe
     overlap): the forward of one micro-batch and the backward of another as one program. Each is
     cut at its expert-parallel all-to-alls; the pieces alternate on the compute stream, backward
@@ -207,7 +207,7 @@ def combined(forward: Program, backward: Program, batched_p2p: bool = False) -> 
     ``batched_p2p``: DualPipe's overlapped chunk (deepseek-ai/DualPipe, ``_forward_backward_chunk``)
     receives both passes' inputs before it starts and sends both outputs after it ends, so its
     receives (backward's first) move to its start and its sends to its end."""
-    chains = [_steps(backward, _SECOND), _steps(forward, 0)]
+    chains = [steps(backward, _SECOND), steps(forward, 0)]  # ``steps``: _steps, or a cache of it
     if batched_p2p:
         chains, recvs, sends = _hoist_p2p(chains)
     waits = {dst: list(srcs) for dst, srcs in forward.waits.items()}
@@ -255,13 +255,22 @@ def ep_pairs(order: Sequence, programs, skip: Mapping[int, object], batched_p2p:
     own (``skip``: the overlapped parameter gathers, the last backward). ``programs(task)`` gives a
     pass' program."""
     cache: dict[tuple[int, int, bool], Program] = {}
+    cut: dict[tuple[int, int], tuple[Program, list]] = {}
+
+    def steps(prog: Program, offset: int) -> list:
+        """_steps, once per program: each pass pairs with several others (the program is kept
+        beside its cut so that its id is not reused while the cache lives)."""
+        if (id(prog), offset) not in cut:
+            cut[id(prog), offset] = (prog, _steps(prog, offset))
+        return cut[id(prog), offset][1]
+
     out: dict[int, Program] = {}
     for i, f in enumerate(order[:-1]):
         b = order[i + 1]
         if getattr(f, "combined", False) and b.kind == "B" and i not in skip and i + 1 not in skip:
             key = (f.chunk, b.chunk, getattr(b, "whole", False))
             if key not in cache:
-                cache[key] = combined(programs(f), programs(b), batched_p2p)
+                cache[key] = combined(programs(f), programs(b), batched_p2p, steps)
             out[i] = cache[key]
     return out
 
