@@ -146,6 +146,14 @@ class Gpu:
         return start, end
 
     # --- compute ------------------------------------------------------------------------------
+    def _edge(self, t: float) -> tuple[bool, float | None]:
+        """Where the slowdown next changes after ``t``: (True, when the transfers in flight at ``t``
+        have all ended) or (False, when the next one starts; None if none does)."""
+        cover = max((b for a, b in self.busy if a <= t < b), default=None)
+        if cover is not None:
+            return True, cover
+        return False, min((a for a, b in self.busy if a > t), default=None)
+
     def stretch(self, t: float, work_us: float, s: float) -> float:
         """End of a kernel of ``work_us`` started at ``t`` that runs at 1 / (1 + s) of its speed
         while any transfer of this device is in flight."""
@@ -154,18 +162,17 @@ class Gpu:
         rate = 1.0 + s
         left = work_us
         while left > 0.0:
-            cover = max((b for a, b in self.busy if a <= t < b), default=None)
-            if cover is not None:
-                if left * rate <= cover - t:
+            covered, edge = self._edge(t)
+            if covered:
+                if left * rate <= edge - t:
                     return t + left * rate
-                left -= (cover - t) / rate
-                t = cover
-            else:
-                nxt = min((a for a, b in self.busy if a > t), default=None)
-                if nxt is None or t + left <= nxt:
+                left -= (edge - t) / rate
+                t = edge
+            else:  # edge: the next transfer's start
+                if edge is None or t + left <= edge:
                     return t + left
-                left -= nxt - t
-                t = nxt
+                left -= edge - t
+                t = edge
         return t
 
     def stretch_run(self, t: float, work: Sequence[float], slow: Sequence[float], lo: int, hi: int) -> float:
@@ -178,20 +185,19 @@ class Gpu:
             return t + (w_end - w)
         x, x_end = slow[lo], slow[hi]
         while True:
-            cover = max((b for a, b in self.busy if a <= t < b), default=None)
-            if cover is not None:
-                if x_end - x <= cover - t:
+            covered, edge = self._edge(t)
+            if covered:
+                if x_end - x <= edge - t:
                     return t + (x_end - x)
-                x += cover - t
+                x += edge - t
                 w = _along(slow, work, x, lo, hi)
-                t = cover
-            else:
-                nxt = min((a for a, b in self.busy if a > t), default=None)
-                if nxt is None or w_end - w <= nxt - t:
+                t = edge
+            else:  # edge: the next transfer's start
+                if edge is None or w_end - w <= edge - t:
                     return t + (w_end - w)
-                w += nxt - t
+                w += edge - t
                 x = _along(work, slow, w, lo, hi)
-                t = nxt
+                t = edge
 
 
 def _along(src: Sequence[float], dst: Sequence[float], v: float, lo: int, hi: int) -> float:
