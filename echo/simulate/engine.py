@@ -23,6 +23,13 @@ rolling back if needed: each stage then starts its next step when it is done and
 arrives, so the step is the longest stage's span, from the end of its first task's leading
 receive to the end of its optimizer (the wait before that first task leaves the accounts).
 
+``EngineOptions.batched_sends`` (the zero-bubble orders, ``schedule.BATCHED_SENDS``, as the
+paper's runtime runs them): the runtime batches each transfer with those planned next to it
+and a pass that receives waits for every request of its receive's batch, sends included
+(``echo.training.zb_comm``, which replays the runtime's plan for the stage's order and pass
+times). A task so waits, before it starts, for the sends of the earlier tasks of its stage that
+the plan batches with its receive; the wait is exposed pp communication.
+
 Gradient reduction overlap (``EngineOptions.overlap_grad_reduce``, Megatron-LM's
 ``--overlap-grad-reduce``) is off by default, as the trace records it: grad_sync after the last
 backward, which is what Megatron-LM does without the flag (the default of its DDP config) and
@@ -59,6 +66,7 @@ from echo.config.workload import model_stages, virtual_stage
 from echo.simulate.gpu import Gpu, LinkSharing, max_min_share
 from echo.simulate.overlaps import ep_pairs, is_second, with_buckets, with_overlaps, with_param_gather
 from echo.simulate.program import BLOCKING, Program, RankCosts, Run, replay
+from echo.training import zb_comm
 from echo.training.schedule import Task, splits_backward
 from echo.training.zb_auto import PassTimes
 
@@ -74,6 +82,7 @@ class EngineOptions:
     tp_comm_overlap: bool = False       # see the module docstring
     ep_comm_overlap: bool = False       # see the module docstring
     post_validation: bool = False       # see the module docstring (symmetric mode)
+    batched_sends: bool = False         # see the module docstring: the zero-bubble runtime's batched p2p
     placement: str = "interleaved"      # chunks on ranks (ParallelConfig.placement): interleaved | v | dual
     sharing: LinkSharing = max_min_share  # how overlapping transfers share links (gpu.py)
 
@@ -263,6 +272,10 @@ class _Pipeline:
         self.started = [False] * len(costs)
         self.opt_start = [0.0] * len(costs)
         self.carried: list[list[tuple[float, float, object]]] = [[] for _ in costs]
+        # batched_sends: per stage, task position -> the earlier positions whose sends it waits for,
+        # and when each task's sends ended
+        self.batched = batched_waits(self.costs, orders, options)
+        self.sends_end: list[dict[int, float]] = [{} for _ in costs]
 
     def virtual_stage(self, chunk: int, s: int) -> int:
         """Chunk ``chunk`` of stage s as a position in the model (ParallelConfig.virtual_stage)."""
@@ -301,7 +314,11 @@ class _Pipeline:
                 recvs += (got + [(0.0, 0.0)] * parts[x].recvs)[:parts[x].recvs]
             else:
                 recvs = got
+        if pos in self.batched[s]:  # its receive's batch holds earlier tasks' sends (batched_sends)
+            led.wait(max(self.sends_end[s].get(q, 0.0) for q in self.batched[s][pos]), "pp")
         run = replay(prog, gpu, led.free, recvs)
+        if run.sends:
+            self.sends_end[s][pos] = max(b for _, b, _ in run.sends)
         begin = max([run.start, *(b for _, b in recvs[:prog.recvs])])
         if not self.started[s]:
             self.started[s] = True
@@ -404,6 +421,16 @@ def pass_times(costs: Sequence[RankCosts], activations: Sequence[Sequence[float]
                                  c.weight_grad[k].cost.duration_us, max(sends, default=0.0), share))
         out.append(per[0] if c.chunks == 1 else per)
     return out
+
+
+def batched_waits(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],
+                  options: EngineOptions) -> list[dict[int, tuple[int, ...]]]:
+    """Per stage, task position -> positions whose sends it waits for (``batched_sends``, the
+    module docstring), from the stages' pass times; none without the option or W tasks."""
+    if not options.batched_sends or not splits_backward(list(orders[0])):
+        return [{} for _ in orders]
+    times = pass_times(costs, [[0.0] * c.chunks for c in costs])
+    return zb_comm.batch_waits(orders, [t if isinstance(t, list) else [t] for t in times], options.placement)
 
 
 def simulate(costs: Sequence[RankCosts], orders: Sequence[Sequence[Task]],

@@ -31,12 +31,14 @@ from echo.simulate.engine import (
     Event,
     Ledger,
     StageTimes,
+    batched_waits,
     critical_of,
     drain_of,
     stage_programs,
     task_label,
 )
 from echo.simulate.gpu import Gpu
+from echo.simulate.overlaps import with_overlaps
 from echo.simulate.program import ASYNC, COMPUTE, Op, RankCosts, replay_steps
 from echo.training.schedule import Task
 
@@ -130,6 +132,12 @@ class _Full:
         self.v = ranks[0].costs.chunks
         self.flows = 0
         self.counters: dict[tuple, int] = {}
+        firsts: dict[int, RankCosts] = {}
+        for r in ranks:
+            firsts.setdefault(r.stage, r.costs)
+        # batched_sends: per stage, as the symmetric engine plans it from the stage's programs
+        self.batched = batched_waits([with_overlaps(firsts[s], options.tp_comm_overlap) for s in range(len(orders))],
+                                     orders, options) if len(firsts) == len(orders) else [{} for _ in orders]
         self.meets: dict[tuple, dict[int, tuple]] = {}      # collective -> {member: its request}
         self.sent: dict[tuple, tuple[float, float, int]] = {}  # p2p key -> (start, arrival, flow)
         self.waiting: dict[tuple, int] = {}                  # p2p key -> the rank waiting for it
@@ -148,14 +156,20 @@ class _Full:
         staged = stage_programs(spec.costs, order, self.options)
         last_b, grad_sync = staged.last_b, staged.grad_sync
         carried: list = []
+        batched = self.batched[spec.stage]
+        sends_end: dict[int, float] = {}  # task position -> when its sends ended
         i = 0
         while i < len(order):
             pair = staged.pairs.get(i)
             tasks = order[i:i + 2] if pair is not None else order[i:i + 1]
             prog = pair or staged.special.get(i) or staged.program(tasks[0])
             self.flow_in[r] = -1
+            if i in batched:  # its receive's batch holds earlier tasks' sends (engine.py: batched_sends)
+                led.wait(max(sends_end.get(q, 0.0) for q in batched[i]), "pp")
             run = yield from replay_steps(prog, gpu, led.free)
             led.add(run)
+            if run.sends:
+                sends_end[i] = max(b for _, b, _ in run.sends)
             if i == staged.last_backward:
                 carried = [f for f in run.flows if f[2].carry]
             for task in tasks:

@@ -34,7 +34,7 @@ from echo.simulate.perfetto import chrome_trace, timeline_table
 from echo.simulate.program import RankCosts, scale_compute, slowest
 from echo.simulate.schedule_table import schedule_table
 from echo.simulate.summary import ClassInfo, MemoryBreakdown, hungriest, rank_breakdown, summary_table
-from echo.training.schedule import TIMED, orders_of
+from echo.training.schedule import BATCHED_SENDS, TIMED, orders_of
 
 MODES = ("symmetric", "full")
 
@@ -304,7 +304,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
     options = options or EngineOptions(overlap_grad_reduce=overlap_grad_reduce,
                                        overlap_param_gather=par.overlap_param_gather,
                                        tp_comm_overlap=par.tp_comm_overlap, ep_comm_overlap=par.ep_comm_overlap,
-                                       post_validation=par.post_validation, placement=par.placement)
+                                       post_validation=par.post_validation, placement=par.placement,
+                                       batched_sends=par.schedule in BATCHED_SENDS)
     # where the chunks sit is the layout's, not a modelling choice: the trace was made for it
     options = dataclasses.replace(options, placement=par.placement)
     # ranks fill node_ranks GPUs of each node (ranks_per_node: e.g. 64 of an NVL72 rack's 72)

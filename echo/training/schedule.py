@@ -24,6 +24,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-2p", "zb-v", 
 SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-2p", "zb-v", "dualpipev", "dualpipe")
 # the schedules whose orders depend on the stages' pass times (echo.training.zb_auto, zb_v)
 TIMED = ("zb-2p", "zb-v")
+# orders as the zero-bubble runtime runs them: it batches each pass' sends with the transfers
+# planned next to them (echo.training.zb_comm; EngineOptions.batched_sends)
+BATCHED_SENDS = ("zb-h1", "zb-h2", "zb-2p", "zb-v")
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from echo.training.zb_auto import PassTimes
+from echo.training.zb_comm import pass_plan
 
 F, B, W = 0, 1, 2
 KINDS = "FBW"
@@ -219,45 +220,9 @@ def v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int) -> list[l
 
 def v_bubble_rate(times: Sequence[Sequence[PassTimes]], orders: Sequence[Sequence[tuple[str, int, int]]]) -> float:
     """1 - (work of the busiest rank) / (the longest rank's span from its first pass to its last),
-    the orders replayed at the pass level (each pass after its input and its rank's previous pass;
-    no optimizer synchronization): the paper's bubble rate."""
-    p = len(times)
-    last = 2 * p - 1
-
-    def place(k: int) -> tuple[int, int]:
-        return (k, 0) if k < p else (last - k, 1)
-
-    def vstage(s: int, c: int) -> int:
-        return s if c == 0 else last - s
-
-    end: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
-    free, first, pos = [0.0] * p, [None] * p, [0] * p
-    while any(pos[s] < len(orders[s]) for s in range(p)):
-        moved = False
-        for s in range(p):
-            while pos[s] < len(orders[s]):
-                kind, mb, c = orders[s][pos[s]]
-                k = vstage(s, c)
-                if kind == "F":
-                    src = ("F", k - 1, mb) if k > 0 else None
-                elif kind == "B":
-                    src = ("F", k, mb) if k == last else ("B", k + 1, mb)
-                else:
-                    src = ("B", k, mb)
-                if src is not None and src not in end:
-                    break
-                ready = 0.0
-                if src is not None:
-                    rank, chunk = place(src[1])
-                    ready = end[src] + (times[rank][chunk].send if rank != s else 0.0)
-                start = max(free[s], ready)
-                first[s] = start if first[s] is None else first[s]
-                t = times[s][c]
-                free[s] = end[(kind, k, mb)] = start + {"F": t.forward, "B": t.input_grad, "W": t.weight_grad}[kind]
-                pos[s] += 1
-                moved = True
-        if not moved:
-            raise RuntimeError("ZB-V orders deadlock")
+    the orders replayed at the pass level (``zb_comm.pass_plan``: each pass after its input and its
+    rank's previous pass; no optimizer synchronization): the paper's bubble rate."""
+    plan = pass_plan(orders, times, "v")
     work = max(sum({"F": t.forward, "B": t.input_grad, "W": t.weight_grad}[kind]
                    for kind, _, c in o for t in (times[s][c],)) for s, o in enumerate(orders))
-    return 1.0 - work / max(free[s] - first[s] for s in range(p))
+    return 1.0 - work / max(plan[(s, len(o) - 1)][1] - plan[(s, 0)][0] for s, o in enumerate(orders))
