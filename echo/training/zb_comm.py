@@ -35,6 +35,7 @@ from echo.config.workload import virtual_stage
 from echo.training.zb_auto import PassTimes
 
 _COMPUTE = 1 << 62  # sorts compute nodes after the communication nodes of the same time
+_PASSES = frozenset("FBW")
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def batch_waits(orders: Sequence[Sequence], times: Sequence[Sequence[PassTimes]]
     for s in range(p):
         order = sorted(nodes[s], key=lambda n: (n.time, n.tie))
         for i in range(1, len(order)):  # a receive inside the compute before it moves ahead of it
-            if order[i - 1].kind in "FBW" and order[i].kind == "RECV" and order[i].time <= order[i - 1].end:
+            if order[i - 1].kind in _PASSES and order[i].kind == "RECV" and order[i].time <= order[i - 1].end:
                 order[i - 1], order[i] = order[i], order[i - 1]
         out.append(_batches(order))
     return out
@@ -127,19 +128,19 @@ def batch_waits(orders: Sequence[Sequence], times: Sequence[Sequence[PassTimes]]
 
 def _batches(order: Sequence[_Node]) -> dict[int, tuple[int, ...]]:
     """Run one stage's node list as the runtime does; consumer position -> the sends it waits for."""
-    position = {n.task: n.pos for n in order if n.kind in "FBW"}
+    position = {n.task: n.pos for n in order if n.kind in _PASSES}
     following: list[_Node | None] = [None] * len(order)  # each node's next compute
     for j in range(len(order) - 2, -1, -1):
         nxt = order[j + 1]
-        following[j] = nxt if nxt.kind in "FBW" else following[j + 1]
+        following[j] = nxt if nxt.kind in _PASSES else following[j + 1]
     waits: dict[int, tuple[int, ...]] = {}
     batch: list[_Node] = []
     for j, node in enumerate(order):
-        if node.kind in "FBW":
+        if node.kind in _PASSES:
             continue
         batch.append(node)
         consumes = node.kind == "RECV" and following[j] is not None and node.task == following[j].task
-        if consumes or j + 1 == len(order) or order[j + 1].kind in "FBW":  # the runtime's flush
+        if consumes or j + 1 == len(order) or order[j + 1].kind in _PASSES:  # the runtime's flush
             sends = tuple(n.pos for n in batch if n.kind == "SEND")
             for n in batch:
                 if n.kind == "RECV" and sends:
