@@ -317,7 +317,7 @@ class _Pipeline:
         if pos in self.batched[s]:  # its receive's batch holds earlier tasks' sends (batched_sends)
             led.wait(max(self.sends_end[s].get(q, 0.0) for q in self.batched[s][pos]), "pp")
         run = replay(prog, gpu, led.free, recvs)
-        if run.sends:
+        if self.batched[s] and run.sends:
             self.sends_end[s][pos] = max(b for _, b, _ in run.sends)
         begin = max([run.start, *(b for _, b in recvs[:prog.recvs])])
         if not self.started[s]:

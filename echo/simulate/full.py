@@ -168,7 +168,7 @@ class _Full:
                 led.wait(max(sends_end.get(q, 0.0) for q in batched[i]), "pp")
             run = yield from replay_steps(prog, gpu, led.free)
             led.add(run)
-            if run.sends:
+            if batched and run.sends:
                 sends_end[i] = max(b for _, b, _ in run.sends)
             if i == staged.last_backward:
                 carried = [f for f in run.flows if f[2].carry]

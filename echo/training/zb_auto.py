@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from echo.config.workload import virtual_stage
+
 
 @dataclass(frozen=True)
 class PassTimes:
@@ -113,43 +115,57 @@ def greedy_orders(times: Sequence[PassTimes], micro_batches: int, limit: Sequenc
     return orders
 
 
-def spans(times: Sequence[PassTimes], orders: Sequence[Sequence[tuple[str, int]]]) -> list[float]:
-    """Each stage's span, from its first pass to its last, the orders replayed at the pass level
-    (no optimizer synchronization: post-validation)."""
-    p = len(times)
-    free, first = [0.0] * p, [0.0] * p
-    f_end: dict[tuple[int, int], float] = {}
-    b_end: dict[tuple[int, int], float] = {}
-    pos = [0] * p
+def pass_plan(orders: Sequence[Sequence[tuple[str, int, int]]], times: Sequence[Sequence[PassTimes]],
+              placement: str = "interleaved") -> dict[tuple[int, int], tuple[float, float]]:
+    """(stage, position) -> (start, end) of every pass of ``orders`` ((kind, micro-batch, chunk)
+    per stage) replayed at the pass level: after its input (plus the producing stage's transfer
+    time when it comes from another stage) and after its stage's previous pass; no optimizer
+    synchronization. The zero-bubble runtime's plan (``zb_comm``), the clock of the paper's bubble rates (``spans``,
+    ``zb_v.v_bubble_rate``)."""
+    p, chunks = len(orders), len(times[0])
+    last = p * chunks - 1
+    where = {virtual_stage(placement, p, c, s): (s, c) for s in range(p) for c in range(chunks)}
+    end: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
+    out: dict[tuple[int, int], tuple[float, float]] = {}
+    free, pos = [0.0] * p, [0] * p
     while any(pos[s] < len(orders[s]) for s in range(p)):
         moved = False
         for s in range(p):
             while pos[s] < len(orders[s]):
-                kind, k = orders[s][pos[s]]
-                t = times[s]
-                if kind == "F":
-                    ready = 0.0 if s == 0 else f_end.get((s - 1, k))
-                    ready = None if ready is None else ready + (0.0 if s == 0 else times[s - 1].send)
-                elif kind == "B":
-                    ready = f_end.get((s, k)) if s == p - 1 else b_end.get((s + 1, k))
-                    ready = None if ready is None else ready + (0.0 if s == p - 1 else times[s + 1].send)
-                else:
-                    ready = free[s]
-                if ready is None:
+                kind, mb, chunk = orders[s][pos[s]]
+                k = virtual_stage(placement, p, chunk, s)
+                src = _source(kind, k, mb, last)
+                if src is not None and src not in end:
                     break
+                ready = 0.0
+                if src is not None:
+                    rank, c = where[src[1]]
+                    ready = end[src] + (times[rank][c].send if rank != s else 0.0)
                 start = max(free[s], ready)
-                if pos[s] == 0:
-                    first[s] = start
-                free[s] = start + {"F": t.forward, "B": t.input_grad, "W": t.weight_grad}[kind]
-                if kind == "F":
-                    f_end[(s, k)] = free[s]
-                elif kind == "B":
-                    b_end[(s, k)] = free[s]
+                t = times[s][chunk]
+                free[s] = end[(kind, k, mb)] = start + {"F": t.forward, "B": t.input_grad, "W": t.weight_grad}[kind]
+                out[(s, pos[s])] = (start, free[s])
                 pos[s] += 1
                 moved = True
         if not moved:
-            raise RuntimeError("orders deadlock")
-    return [free[s] - first[s] for s in range(p)]
+            raise RuntimeError("pipeline orders deadlock at the pass level")
+    return out
+
+
+def _source(kind: str, k: int, mb: int, last: int) -> tuple[str, int, int] | None:
+    """The pass whose output ``kind`` of micro-batch ``mb`` at virtual stage ``k`` takes."""
+    if kind == "F":
+        return ("F", k - 1, mb) if k > 0 else None
+    if kind == "B":
+        return ("F", k, mb) if k == last else ("B", k + 1, mb)
+    return ("B", k, mb)  # W: its own B, on its own stage
+
+
+def spans(times: Sequence[PassTimes], orders: Sequence[Sequence[tuple[str, int]]]) -> list[float]:
+    """Each stage's span, from its first pass to its last, the orders replayed at the pass level
+    (``pass_plan``; no optimizer synchronization: post-validation)."""
+    plan = pass_plan([[(kind, mb, 0) for kind, mb in o] for o in orders], [[t] for t in times])
+    return [plan[(s, len(o) - 1)][1] - plan[(s, 0)][0] for s, o in enumerate(orders)]
 
 
 def bubble_rate(times: Sequence[PassTimes], orders: Sequence[Sequence[tuple[str, int]]]) -> float:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from echo.config.workload import virtual_stage
-from echo.training.zb_auto import PassTimes
+from echo.training.zb_auto import PassTimes, pass_plan
 
 _COMPUTE = 1 << 62  # sorts compute nodes after the communication nodes of the same time
 _PASSES = frozenset("FBW")
@@ -46,51 +46,6 @@ class _Node:
     kind: str           # "F" | "B" | "W" | "SEND" | "RECV"
     end: float = 0.0    # a compute node's planned end
     task: tuple[str, int, int] = ("", -1, -1)  # a compute node's pass, a RECV's consumer: (kind, micro-batch, chunk)
-
-
-def pass_plan(orders: Sequence[Sequence[tuple[str, int, int]]], times: Sequence[Sequence[PassTimes]],
-              placement: str = "interleaved") -> dict[tuple[int, int], tuple[float, float]]:
-    """(stage, position) -> (start, end) of every pass of ``orders`` ((kind, micro-batch, chunk)
-    per stage) replayed at the pass level: after its input (plus the producing stage's transfer
-    time when it comes from another stage) and after its stage's previous pass; no optimizer
-    synchronization. The runtime's plan, and the clock of the paper's bubble rates."""
-    p, chunks = len(orders), len(times[0])
-    last = p * chunks - 1
-    where = {virtual_stage(placement, p, c, s): (s, c) for s in range(p) for c in range(chunks)}
-    end: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
-    out: dict[tuple[int, int], tuple[float, float]] = {}
-    free, pos = [0.0] * p, [0] * p
-    while any(pos[s] < len(orders[s]) for s in range(p)):
-        moved = False
-        for s in range(p):
-            while pos[s] < len(orders[s]):
-                kind, mb, chunk = orders[s][pos[s]]
-                k = virtual_stage(placement, p, chunk, s)
-                src = _source(kind, k, mb, last)
-                if src is not None and src not in end:
-                    break
-                ready = 0.0
-                if src is not None:
-                    rank, c = where[src[1]]
-                    ready = end[src] + (times[rank][c].send if rank != s else 0.0)
-                start = max(free[s], ready)
-                t = times[s][chunk]
-                free[s] = end[(kind, k, mb)] = start + {"F": t.forward, "B": t.input_grad, "W": t.weight_grad}[kind]
-                out[(s, pos[s])] = (start, free[s])
-                pos[s] += 1
-                moved = True
-        if not moved:
-            raise RuntimeError("pipeline orders deadlock at the pass level")
-    return out
-
-
-def _source(kind: str, k: int, mb: int, last: int) -> tuple[str, int, int] | None:
-    """The pass whose output ``kind`` of micro-batch ``mb`` at virtual stage ``k`` takes."""
-    if kind == "F":
-        return ("F", k - 1, mb) if k > 0 else None
-    if kind == "B":
-        return ("F", k, mb) if k == last else ("B", k + 1, mb)
-    return ("B", k, mb)  # W: its own B, on its own stage
 
 
 def batch_waits(orders: Sequence[Sequence], times: Sequence[Sequence[PassTimes]],

@@ -37,8 +37,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from echo.training.zb_auto import PassTimes
-from echo.training.zb_comm import pass_plan
+from echo.training.zb_auto import PassTimes, pass_plan
 
 F, B, W = 0, 1, 2
 KINDS = "FBW"
@@ -220,7 +219,7 @@ def v_orders(times: Sequence[Sequence[PassTimes]], micro_batches: int) -> list[l
 
 def v_bubble_rate(times: Sequence[Sequence[PassTimes]], orders: Sequence[Sequence[tuple[str, int, int]]]) -> float:
     """1 - (work of the busiest rank) / (the longest rank's span from its first pass to its last),
-    the orders replayed at the pass level (``zb_comm.pass_plan``: each pass after its input and its
+    the orders replayed at the pass level (``zb_auto.pass_plan``: each pass after its input and its
     rank's previous pass; no optimizer synchronization): the paper's bubble rate."""
     plan = pass_plan(orders, times, "v")
     work = max(sum({"F": t.forward, "B": t.input_grad, "W": t.weight_grad}[kind]
