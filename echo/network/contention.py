@@ -36,6 +36,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
 
 from echo.network.costs import P2P_OPS, Candidate, NetworkParams, Shape, best, candidates
 
@@ -88,7 +89,7 @@ def flow_of(params: NetworkParams, shape: Shape, op: str, group: Sequence[int], 
 def _ports(tier: str, gpus: tuple[int, ...], direction: str) -> tuple[Resource, ...]:
     """The links (tier, gpu, direction) of ``gpus``: a group repeats its transfers at many sizes,
     and a data-parallel group of a large job has thousands of members."""
-    return tuple((tier, gpu, direction) for gpu in gpus)
+    return tuple(zip(repeat(tier), gpus, repeat(direction)))  # zip builds the tuples in C
 
 
 def _tiers(cand: Candidate, nodes: int, params: NetworkParams) -> list[tuple[str, float, float]]:

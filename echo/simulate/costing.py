@@ -8,7 +8,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from echo.network.model import CollectiveCosts
 from echo.simulate.program import COMPUTE_KINDS, Op, Program, RankCosts
@@ -37,9 +37,22 @@ class CommTimer:
             raise TypeError(f"simulate: the network must be an echo.network.CollectiveCosts, got {type(network).__name__}")
         self.network = network
         self._cache: dict[tuple[str, tuple[int, ...], int, str], tuple[float, float, tuple]] = {}
+        # the same, by the group tuple's identity: hashing a group of thousands of ranks costs
+        # more than the lookup (the tuple is kept beside its entry, so its id stays its own)
+        self._by_id: dict[tuple[str, int, int, str], tuple[tuple[int, ...], tuple[float, float, tuple]]] = {}
 
     def transfer(self, op: str, group: Sequence[int], nbytes: int, api: str = "c10d") -> tuple[float, float, tuple]:
         """(time, latency, link loads) of one transfer called through ``api``."""
+        if isinstance(group, tuple):
+            hit = self._by_id.get((op, id(group), nbytes, api))
+            if hit is not None and hit[0] is group:
+                return hit[1]
+            out = self._transfer(op, group, nbytes, api)
+            self._by_id[op, id(group), nbytes, api] = (group, out)
+            return out
+        return self._transfer(op, group, nbytes, api)
+
+    def _transfer(self, op: str, group: Sequence[int], nbytes: int, api: str) -> tuple[float, float, tuple]:
         key = (op, tuple(group), int(nbytes), api)
         if key not in self._cache:
             net = self.network
@@ -70,9 +83,18 @@ class OpContext:
     slowdown: object = None      # echo.overlap.Slowdown (None: no overlap slowdown)
     gpus_per_node: int = 1 << 30  # for link classes; default: everything on one node
     launch_us: float = 0.0       # host time per launched op (Hardware.host.launch_us; 0: no host model)
+    _links: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # id(group) -> link class
 
     def link(self, group: Sequence[int]) -> str:
-        return "nic" if len({r // self.gpus_per_node for r in group}) > 1 else "nvlink"
+        """nic if ``group`` spans nodes, else nvlink; memoized by a tuple's identity, as
+        ``CommTimer.transfer``."""
+        hit = self._links.get(id(group)) if isinstance(group, tuple) else None
+        if hit is not None and hit[0] is group:
+            return hit[1]
+        out = "nic" if len({r // self.gpus_per_node for r in group}) > 1 else "nvlink"
+        if isinstance(group, tuple):
+            self._links[id(group)] = (group, out)
+        return out
 
     def s(self, op_class: str) -> float:
         return self.slowdown.of(op_class) if self.slowdown is not None else 0.0
@@ -92,7 +114,7 @@ def to_op(row: Mapping, comm: Mapping | None, ctx: OpContext) -> Op:
     if comm is None:
         raise ValueError(f"rank {row['rank']} seq {row['seq']}: {kind} op has no comms.parquet row "
                          f"(comm_id {row['comm_id']})")
-    group = tuple(int(r) for r in comm["group"])
+    group = comm["group"] if isinstance(comm["group"], tuple) else tuple(int(r) for r in comm["group"])
     api = api_of(row["name"])
     us, latency, loads = ctx.timer.transfer(comm["op"], group, comm["bytes"], api)
     stream = row["stream"]

@@ -202,11 +202,24 @@ def task_program(costs: RankCosts, task: Task, split: bool) -> Program:
     return costs.program(task.kind, task.chunk, split and not task.whole)
 
 
-def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptions) -> StagePrograms:
+def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptions,
+                   memo: dict | None = None) -> StagePrograms:
     """A stage's programs for ``order``: the last backward with the gradient buckets
     (overlap_grad_reduce), the first forward of each chunk with the parameter all-gathers
-    (overlap_param_gather), every forward and backward with TP overlap (tp_comm_overlap)."""
-    costs = with_overlaps(costs, options.tp_comm_overlap)
+    (overlap_param_gather), every forward and backward with TP overlap (tp_comm_overlap).
+    ``memo``: programs already made from the same programs (the stages that run one class's
+    programs, ``stage.stage_costs``): the buckets, the gathers and the combined pairs
+    (``overlaps.ep_pairs``), by the identity of what they were made of."""
+    memo = {} if memo is None else memo
+
+    def once(key: tuple, sources: tuple, make):
+        """``make()``, once per key (``sources``, kept beside it, keep the ids in the key their own)."""
+        if key not in memo:
+            memo[key] = (sources, make())
+        return memo[key][1]
+
+    costs = once(("tp", id(costs), options.tp_comm_overlap), (costs,),
+                 lambda: with_overlaps(costs, options.tp_comm_overlap))
     split = splits_backward(list(order))
     if split and options.ep_comm_overlap:
         raise ValueError("ep_comm_overlap pairs a forward with a whole backward; it does not run with W tasks "
@@ -214,12 +227,16 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
     # the task that computes the step's last weight gradients: the last W (or whole backward), else backward
     ends = [i for i, t in enumerate(order) if (t.kind == "W" or t.whole if split else t.kind == "B")]
     last = max(ends, default=-1)
-    last_b, grad_sync = bucket_programs(task_program(costs, order[last], split) if last >= 0 else Program(),
-                                        costs.grad_sync, options.overlap_grad_reduce)
+    last_prog = task_program(costs, order[last], split) if last >= 0 else Program()
+    last_b, grad_sync = once(("buckets", id(last_prog), id(costs.grad_sync), options.overlap_grad_reduce),
+                             (last_prog, costs.grad_sync),
+                             lambda: bucket_programs(last_prog, costs.grad_sync, options.overlap_grad_reduce))
     special: dict[int, Program] = {}
     optimizer = costs.optimizer
     if options.overlap_param_gather:
-        firsts, optimizer = with_param_gather(costs.forward, costs.optimizer)
+        firsts, optimizer = once(("gather", *map(id, costs.forward), id(costs.optimizer)),
+                                 (costs.forward, costs.optimizer),
+                                 lambda: with_param_gather(costs.forward, costs.optimizer))
         for c, prog in enumerate(firsts):
             i = next((i for i, t in enumerate(order) if t.kind == "F" and t.chunk == c), -1)
             if i >= 0 and prog is not costs.forward[c]:
@@ -230,7 +247,7 @@ def stage_programs(costs: RankCosts, order: Sequence[Task], options: EngineOptio
     # combined 1F1B's pairs, or a schedule's own: dualpipev's, the only pairs in an order with W
     # tasks (a forward and a whole backward), which receive and send their two passes' p2p together
     if options.ep_comm_overlap or split:
-        pairs = ep_pairs(order, lambda t: task_program(costs, t, split), special, batched_p2p=split)
+        pairs = ep_pairs(order, lambda t: task_program(costs, t, split), special, batched_p2p=split, memo=memo)
     return StagePrograms(costs, special, last, last_b, grad_sync, optimizer, pairs, split)
 
 
@@ -255,7 +272,8 @@ class _Pipeline:
         self.arrivals: dict[_Key, list[tuple[float, float, int]]] = {}  # -> (start, arrival, flow) per send
         self.events: list[Event] = []
         self.flows = 0
-        staged = [stage_programs(c, o, options) for c, o in zip(costs, orders, strict=True)]
+        memo: dict = {}  # stages that run one class's programs (stage_costs) pair them once
+        staged = [stage_programs(c, o, options, memo) for c, o in zip(costs, orders, strict=True)]
         self.last_b = [x.last_backward for x in staged]
         self.costs = [x.costs for x in staged]
         self.special = [x.special for x in staged]

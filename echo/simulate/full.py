@@ -24,6 +24,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from echo.simulate.engine import (
     EngineOptions,
@@ -59,6 +60,22 @@ class Relabel:
         coords = dict(zip(columns["rank"], zip(*(columns[f"{d}_rank"] for d in MESH), strict=True), strict=True))
         sizes = tuple(1 + max(columns[f"{d}_rank"]) for d in MESH)
         return cls(coords, {c: r for r, c in coords.items()}, sizes)
+
+    @cached_property
+    def stage_stride(self) -> int | None:
+        """The rank distance between pipeline stages where each stage's ranks fill one block of
+        consecutive ranks, laid out alike in every stage (rank = pp x stride + an offset fixed by
+        the other coordinates); None otherwise. A move along pp then shifts each rank by a
+        multiple of the stride (``stage._moves_alike``)."""
+        stages, n = self.sizes[0], len(self.coords)
+        if n % stages:
+            return None
+        stride, offsets = n // stages, {}
+        for rank, c in self.coords.items():
+            offset = rank - c[0] * stride
+            if not 0 <= offset < stride or offsets.setdefault(c[1:], offset) != offset:
+                return None
+        return stride
 
     def at_stage(self, rank: int, stage: int) -> int:
         """The rank with ``rank``'s coordinates on pipeline stage ``stage``."""

@@ -26,10 +26,11 @@ queue behind whole gradient buckets.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 from echo.network.contention import max_min_rates
 
@@ -52,8 +53,9 @@ class Flow:
         return dict(self.loads)
 
 
-@dataclass(frozen=True)
-class InFlight:
+class InFlight(NamedTuple):
+    """A transfer in flight (a named tuple: a step makes tens of thousands)."""
+
     start: float
     data_start: float
     end: float
@@ -97,6 +99,10 @@ def fair_share(flows: Sequence[tuple[float, float]], start: float, solo_us: floa
                          Flow(0.0, solo_us, (("link", 1.0),)))
 
 
+def _end(interval: tuple[float, float]) -> float:
+    return interval[1]
+
+
 class Gpu:
     """State of one device (symmetric mode: one pipeline stage, shared by its ranks)."""
 
@@ -118,7 +124,7 @@ class Gpu:
         """Forget transfers that ended by ``now`` (the compute stream's time: nothing issued
         later can start before it)."""
         if self.busy and self.busy[0][1] <= now:
-            self.busy = [f for f in self.busy if f[1] > now]
+            del self.busy[:bisect_right(self.busy, now, key=_end)]
             self.flows = [f for f in self.flows if f.end > now]
 
     # --- transfers ----------------------------------------------------------------------------
@@ -134,9 +140,23 @@ class Gpu:
         self.stream_free[stream] = max(self.stream_free.get(stream, 0.0), end)
         if end > start:
             self.flows.append(InFlight(start, min(start + flow.latency_us, end), end, flow.load_map))
-            self.busy.append((start, end))
-            self.busy.sort(key=lambda f: f[1])
+            insort(self.busy, (start, end), key=_end)
             self.busy_until = max(self.busy_until, end)
+
+    def occupy_all(self, transfers: Sequence[tuple[str, Flow, float, float]]) -> None:
+        """``occupy`` of each (stream, flow, start, end) in turn, the busy list sorted once (a
+        shifted clean replay puts dozens back at a time)."""
+        added = []
+        for stream, flow, start, end in transfers:
+            if self.stream_free.get(stream, 0.0) < end:
+                self.stream_free[stream] = end
+            if end > start:
+                self.flows.append(InFlight(start, min(start + flow.latency_us, end), end, flow.load_map))
+                added.append((start, end))
+                self.busy_until = max(self.busy_until, end)
+        if added:
+            self.busy += added
+            self.busy.sort(key=_end)  # stable: as inserting each after its equals
 
     def transfer(self, stream: str, flow: Flow, t: float) -> tuple[float, float]:
         """Issue a transfer at ``t``: queued on its stream, sharing its links. Returns (start, end)."""

@@ -12,6 +12,7 @@ Transformer Engine options, the workload's ``parallel.overlap_*`` / ``tp_comm_ov
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -180,13 +181,22 @@ def with_tp_overlap(prog: Program) -> Program:
 _SECOND = 1 << 40
 
 
+def _renumbered(op: Op, seq: int) -> Op:
+    """``op`` under another seq. A shallow copy keeps its cached ``flow`` and ``code`` (neither
+    depends on seq), where ``dataclasses.replace`` would rebuild it field by field: a DualPipe
+    stage renumbers thousands of backward ops."""
+    out = copy.copy(op)
+    object.__setattr__(out, "seq", seq)  # Op is frozen
+    return out
+
+
 def _steps(prog: Program, offset: int) -> list[tuple[list[Op], Op | None]]:
     """``prog``'s ops (seq + ``offset``) cut at its blocking expert-parallel collectives: [(the ops
     before one, that collective issued non-blocking on the ep stream)], the last with None."""
     out: list[tuple[list[Op], Op | None]] = []
     seg: list[Op] = []
     for op in prog.ops:
-        op = dataclasses.replace(op, seq=op.seq + offset) if offset else op
+        op = _renumbered(op, op.seq + offset) if offset else op
         if op.code == BLOCKING and op.comm_kind == "ep":
             out.append((seg, dataclasses.replace(op, blocking=False, stream="ep")))
             seg = []
@@ -249,29 +259,32 @@ def is_second(op: Op) -> bool:
     return op.seq >= _SECOND
 
 
-def ep_pairs(order: Sequence, programs, skip: Mapping[int, object], batched_p2p: bool = False) -> dict[int, Program]:
+def ep_pairs(order: Sequence, programs, skip: Mapping[int, object], batched_p2p: bool = False,
+             memo: dict | None = None) -> dict[int, Program]:
     """Position of each forward of ``order`` marked combined (``schedule.orders_of``) -> the
     ``combined`` program of it and the backward after it, unless either runs a program of its
     own (``skip``: the overlapped parameter gathers, the last backward). ``programs(task)`` gives a
-    pass' program."""
-    cache: dict[tuple[int, int, bool], Program] = {}
-    cut: dict[tuple[int, int], tuple[Program, list]] = {}
+    pass' program. ``memo``: pairs and cuts already made, by program identity (an engine shares
+    one across its stages: the stages of one class run the same programs)."""
+    memo = {} if memo is None else memo
 
     def steps(prog: Program, offset: int) -> list:
         """_steps, once per program: each pass pairs with several others (the program is kept
-        beside its cut so that its id is not reused while the cache lives)."""
-        if (id(prog), offset) not in cut:
-            cut[id(prog), offset] = (prog, _steps(prog, offset))
-        return cut[id(prog), offset][1]
+        beside its cut so that its id is not reused while the memo lives)."""
+        key = ("cut", id(prog), offset)
+        if key not in memo:
+            memo[key] = (prog, _steps(prog, offset))
+        return memo[key][1]
 
     out: dict[int, Program] = {}
     for i, f in enumerate(order[:-1]):
         b = order[i + 1]
         if getattr(f, "combined", False) and b.kind == "B" and i not in skip and i + 1 not in skip:
-            key = (f.chunk, b.chunk, getattr(b, "whole", False))
-            if key not in cache:
-                cache[key] = combined(programs(f), programs(b), batched_p2p, steps)
-            out[i] = cache[key]
+            fp, bp = programs(f), programs(b)
+            key = ("pair", id(fp), id(bp), batched_p2p)
+            if key not in memo:
+                memo[key] = (fp, bp, combined(fp, bp, batched_p2p, steps))
+            out[i] = memo[key][2]
     return out
 
 

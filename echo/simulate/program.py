@@ -27,7 +27,9 @@ else bubble), so a task's end - start = compute + exposed + bubble holds exactly
 A program's replay on an idle device from time 0 with a host far ahead (``Program.cost``) is
 computed once; the symmetric engine shifts it whenever nothing of the device overlaps the task
 and the host keeps ahead of it up to the task's first host sync, and jumps over the rest of a
-task once the overlap is over (on the same condition from there).
+task from a point where the device is idle in both replays and no receive follows (on the same
+host condition from there); the transfers of the part taken from the clean replay are put back
+on the device as it made them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from echo.simulate.gpu import Flow, Gpu
+from echo.simulate.gpu import Flow, Gpu, max_min_share
 from echo.simulate.kernel_runs import KernelRuns
 
 COMPUTE_KINDS = ("compute", "memcpy")
@@ -127,9 +129,9 @@ class Run:
 class Program:
     """One task's ops, compiled for replay, with its clean replay (idle device, time 0)."""
 
-    __slots__ = ("ops", "waits", "steps", "recvs", "recv_first", "_cost", "_at", "_jump", "_cum", "_kinds",
+    __slots__ = ("ops", "waits", "steps", "recvs", "recv_first", "_cost", "_at", "_jump", "_jump_plain", "_cum", "_kinds",
                  "flops", "recompute_flops", "has_async", "send_ops", "_send_at", "hosted", "_ch", "_host_ok",
-                 "_host_room", "_synced", "_host_end", "runs")
+                 "_host_room", "_synced", "_host_end", "runs", "_xfers")
 
     def __init__(self, ops: Iterable[Op] = (), waits: Mapping[int, Sequence[int]] | None = None):
         self.ops = tuple(ops)
@@ -189,13 +191,23 @@ class Program:
         cum["compute"][n], cum["slowdown"][n] = run.compute_us, run.slowdown_us
         for k in kinds:
             cum[k][n] = run.exposed.get(k, 0.0)
-        tail_ok = [True] * (n + 1)
+        no_recv, plain = [True] * (n + 1), [True] * (n + 1)
         for i in range(n - 1, -1, -1):
-            tail_ok[i] = tail_ok[i + 1] and self.steps[i][0] not in (RECV, ASYNC)
+            no_recv[i] = no_recv[i + 1] and self.steps[i][0] != RECV
+            plain[i] = plain[i + 1] and self.steps[i][0] not in (RECV, ASYNC)
         self._at, self._cum, self._kinds = at, cum, kinds
-        self._jump = [idle[i] and tail_ok[i] for i in range(n + 1)]
+        # where the rest can be taken from the clean replay: idle there, no recv after (its
+        # transfers put back as the clean replay made them: ``_jump``); ``_jump_plain``: nor a
+        # non-blocking collective after, for a device sharing its links otherwise (sends re-shared)
+        self._jump = [idle[i] and no_recv[i] for i in range(n + 1)]
+        self._jump_plain = [idle[i] and plain[i] for i in range(n + 1)]
         self._host_end = gpu.host
         self._host_clean(at, hosts, cum.get("host"))
+        # the transfers it issued, in issue order ((op index, start, end, op, stream, whether a
+        # send)): what a shifted clean replay puts on the device (``replay``, ``_jump``)
+        where = {id(op): i for i, op in enumerate(self.ops)}
+        self._xfers = tuple(sorted([(where[id(op)], a, b, op, "comm", False) for a, b, op in run.flows] +
+                                   [(where[id(op)], a, b, op, op.stream, True) for a, b, op in run.sends]))
         self._cost = TaskCost(duration_us=run.end, compute_us=run.compute_us,
                              exposed_us=tuple(sorted(run.exposed.items())), flops=self.flops,
                              recompute_flops=self.recompute_flops,
@@ -267,9 +279,9 @@ def replay_steps(prog: Program, gpu: Gpu, start: float, *, recvs: Sequence[tuple
     waits = prog.waits
     steps = prog.steps
     jump = None
-    if probe is None and not full:  # the jump reads the clean replay
+    if probe is None and not full:  # the jump reads the clean replay, made with max-min sharing
         prog.clean()
-        jump = prog._jump
+        jump = prog._jump if gpu.sharing is max_min_share else prog._jump_plain
     runs = prog.runs if probe is None else None  # the clean replay probes every op
     n = len(steps)
     i = 0
@@ -377,7 +389,9 @@ def _launch(gpu: Gpu, op: Op, t: float, run: Run) -> float:
 
 def _jump(prog: Program, run: Run, gpu: Gpu, i: int, t: float) -> None:
     """The rest of the task from op i, taken from the clean replay (the device is idle at t and
-    was idle there in the clean replay; no recv or non-blocking collective follows)."""
+    was idle there in the clean replay; no recv follows, nor a non-blocking collective unless the
+    device shares its links max-min as the clean replay did). Idle in both, every transfer issued
+    before i has ended in both, so what follows waits for none of them."""
     at, cum = prog._at, prog._cum
     shift = t - at[i]
     gpu.host = prog.host_after(i, gpu.host, shift)
@@ -387,12 +401,23 @@ def _jump(prog: Program, run: Run, gpu: Gpu, i: int, t: float) -> None:
     run.slowdown_us += cum["slowdown"][-1] - cum["slowdown"][i]
     for k in prog._kinds:
         run.expose(k, cum[k][-1] - cum[k][i])
-    for j in prog._send_at:
-        if j >= i:
-            op, flow = prog.steps[j][3], prog.steps[j][4]
-            a, b = gpu.transfer(op.stream, flow, at[j] + shift)
-            run.sends.append((a, b, op))
+    if gpu.sharing is max_min_share:  # as the clean replay shared them: the device was idle at i in both
+        _put_back(prog, run, gpu, i, shift)
+    else:  # _jump_plain: sends only, shared under the device's own policy
+        for j in prog._send_at:
+            if j >= i:
+                op, flow = prog.steps[j][3], prog.steps[j][4]
+                a, b = gpu.transfer(op.stream, flow, at[j] + shift)
+                run.sends.append((a, b, op))
     run.end = at[-1] + shift
+
+
+def _put_back(prog: Program, run: Run, gpu: Gpu, i: int, shift: float) -> None:
+    """The transfers of the clean replay from op i on, shifted, on the device and in the run."""
+    xfers = [(stream, op.flow, a + shift, b + shift, op, send) for j, a, b, op, stream, send in prog._xfers if j >= i]
+    gpu.occupy_all([x[:4] for x in xfers])
+    for _, _, a, b, op, send in xfers:
+        (run.sends if send else run.flows).append((a, b, op))
 
 
 def _finish(run: Run, gpu: Gpu, drain: tuple[str, str] | None) -> Run:
@@ -411,9 +436,11 @@ def _finish(run: Run, gpu: Gpu, drain: tuple[str, str] | None) -> Run:
 def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, float]] = (),
            drain: tuple[str, str] | None = None) -> Run:
     """Run ``prog`` on ``gpu`` from ``start``; ``recvs``: (transfer start, arrival) of each of its
-    recvs in order. Shifts the clean replay when nothing of the device overlaps the task."""
-    if drain is None and prog.recv_first and not prog.has_async:
-        c = prog.clean()
+    recvs in order. Shifts the clean replay when nothing of the device overlaps the task: its
+    transfers then share their links only with one another, as in the clean replay, which shared
+    them max-min (a device with another sharing policy replays them)."""
+    c = prog.clean() if drain is None and prog.recv_first else None
+    if c is not None and (gpu.sharing is max_min_share or not prog._xfers):
         run = Run(start)
         t, host = start, gpu.host
         for j, (sent, arrive) in enumerate(recvs[:prog.recvs]):
@@ -431,10 +458,9 @@ def replay(prog: Program, gpu: Gpu, start: float, recvs: Sequence[tuple[float, f
             run.compute_us, run.slowdown_us = c.compute_us, c.slowdown_us
             for k, us in c.exposed_us:
                 run.expose(k, us)
-            for (a, b), op in zip(c.sends, prog.send_ops, strict=True):
-                gpu.occupy(op.stream, op.flow, t + a, t + b)
-                run.sends.append((t + a, t + b, op))
-            run.end = t + c.duration_us - prog._at[first]
+            shift = t - prog._at[first]
+            _put_back(prog, run, gpu, 0, shift)
+            run.end = c.duration_us + shift
             gpu.prune(run.end)
             return run
         gpu.host = host

@@ -11,12 +11,14 @@ them rank by rank (``full.py``): for small jobs, and to check symmetric mode.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -38,6 +40,11 @@ from echo.training.schedule import BATCHED_SENDS, TIMED, orders_of
 
 MODES = ("symmetric", "full")
 
+# pyarrow imports pandas (where installed: the SLURM executor plugin depends on it) the first time
+# it converts Python objects, ~0.2 s; done on import, so that sim_wall_s times the simulation and
+# its artifacts, not a library's start (a search simulating thousands of layouts pays it once)
+pa.array([0])
+
 log = logging.getLogger(__name__)
 
 
@@ -46,13 +53,38 @@ OPS_COLUMNS = ["rank", "seq", "name", "op_class", "kind", "phase", "chunk", "str
 COMMS_COLUMNS = ["rank", "comm_id", "op", "group", "bytes", "group_kind", "blocking", "peer"]
 
 
+def _of_ranks(path: Path, schema: pa.Schema, columns: list[str], ranks: set[int]) -> pa.Table:
+    """The table's rows of the given ranks."""
+    table = read_parquet(path, schema, columns=columns)
+    return table.filter(pc.is_in(table["rank"], pa.array(sorted(ranks), pa.int32())))
+
+
 def _rows_by_rank(path: Path, schema: pa.Schema, columns: list[str], ranks: set[int]) -> dict[int, list[dict]]:
     """Rows of the given ranks only: other traced ranks are verification re-traces, not classes."""
-    table = read_parquet(path, schema, columns=columns)
-    table = table.filter(pc.is_in(table["rank"], pa.array(sorted(ranks), pa.int32())))
+    table = _of_ranks(path, schema, columns, ranks)
     out: dict[int, list[dict]] = {r: [] for r in ranks}
-    for row in table.to_pylist():
+    groups = _interned_groups(table["group"]) if "group" in columns else None
+    for i, row in enumerate((table.drop_columns(["group"]) if groups is not None else table).to_pylist()):
+        if groups is not None:
+            row["group"] = groups[i]
         out[row["rank"]].append(row)
+    return out
+
+
+def _interned_groups(column: pa.ChunkedArray) -> list[tuple[int, ...]]:
+    """A list column of rank groups as tuples, one tuple object per distinct group: a rank's
+    collectives repeat a few groups, of thousands of members at 16K GPUs, which its ops then
+    share (costing.CommTimer memoizes by the group's identity)."""
+    seen: dict[bytes, tuple[int, ...]] = {}
+    out = []
+    for chunk in column.chunks:
+        offsets, values = chunk.offsets.to_numpy(), chunk.values.to_numpy()
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            members = values[a:b]
+            key = members.tobytes()
+            if key not in seen:
+                seen[key] = tuple(members.tolist())
+            out.append(seen[key])
     return out
 
 
@@ -69,28 +101,29 @@ def _deps(trace_dir: Path, ranks: set[int], ops: Mapping[int, list[dict]],
     async_seqs = {r: {o["seq"] for o in rows if o["kind"] == "collective"
                       and not comms[r][o["comm_id"]]["blocking"]} for r, rows in ops.items()}
     backward = {r: {o["seq"] for o in rows if o["phase"] in ("backward", "recompute")} for r, rows in ops.items()}
-    for d in _rows_by_rank(path, DEPS, ["rank", "src", "dst", "kind"], ranks).values():
-        for edge in d:
-            r, src = edge["rank"], edge["src"]
-            if src in async_seqs[r]:
-                waits[r].setdefault(edge["dst"], []).append(src)
-            if edge["kind"] == "data" and src in backward[r]:
-                consumers[r].setdefault(src, []).append(edge["dst"])
+    edges = _of_ranks(path, DEPS, ["rank", "src", "dst", "kind"], ranks).to_pydict()  # columns: tens of thousands of edges
+    for r, src, dst, kind in zip(edges["rank"], edges["src"], edges["dst"], edges["kind"], strict=True):
+        if src in async_seqs[r]:
+            waits[r].setdefault(dst, []).append(src)
+        if kind == "data" and src in backward[r]:
+            consumers[r].setdefault(src, []).append(dst)
     return waits, consumers
 
 
 def _class_table(rank_classes_path: Path) -> list[dict]:
     """One row per class: representative, the pipeline stages it covers, its rank count. A class
     may span stages: the middle stages of a pipeline run the same graph up to rank labels."""
-    rc = read_parquet(rank_classes_path, RANK_CLASSES, columns=["rank", "class_id", "representative", "pp_rank"])
-    rows = rc.group_by(["class_id", "pp_rank"]).aggregate([("representative", "min"), ("representative", "max"),
-                                                           ("rank", "count")]).to_pylist()
+    rc = read_parquet(rank_classes_path, RANK_CLASSES, columns=["class_id", "representative", "pp_rank"]).to_pydict()
+    # counted in Python: pyarrow's group_by would load its query engine on first use, longer
+    # than the count itself at 16K ranks
+    counts = Counter(zip(rc["class_id"], rc["pp_rank"], rc["representative"], strict=True))
     out: dict[int, dict] = {}
-    for r in sorted(rows, key=lambda r: (r["class_id"], r["pp_rank"])):
-        c = out.setdefault(r["class_id"], {"class_id": r["class_id"], "reps": set(), "stages": [], "ranks": 0})
-        c["reps"] |= {r["representative_min"], r["representative_max"]}
-        c["stages"].append(r["pp_rank"])
-        c["ranks"] += r["rank_count"]
+    for (class_id, pp_rank, rep), n in sorted(counts.items()):
+        c = out.setdefault(class_id, {"class_id": class_id, "reps": set(), "stages": [], "ranks": 0})
+        c["reps"].add(rep)
+        if pp_rank not in c["stages"]:
+            c["stages"].append(pp_rank)
+        c["ranks"] += n
     for c in out.values():
         if len(c["reps"]) != 1:
             raise ValueError(f"{rank_classes_path}: class {c['class_id']} has representatives {sorted(c['reps'])}")
@@ -178,11 +211,13 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabe
             raise ValueError(f"class {c.class_id} traced {c.costs.chunks} chunks, the workload has "
                              f"virtual_stages = {chunks}")
         home = mesh.coords[c.representative][0] if mesh is not None else None
+        groups = functools.cache(functools.partial(_groups, c.costs))  # made only if _moves_alike asks
         for s in c.stages:
             costs = c.costs
             if mesh is not None and ctx is not None and s != home and 0 <= s < stages:
                 move = mesh.mapper(c.representative, mesh.at_stage(c.representative, s))
-                costs = relabel_costs(c.costs, move, ctx.link, timer=ctx.timer)
+                if not _moves_alike(groups, move, ctx, mesh.stage_stride):
+                    costs = relabel_costs(c.costs, move, ctx.link, timer=ctx.timer)
             by_stage.setdefault(s, []).append(costs)
     missing = [s for s in range(stages) if s not in by_stage]
     extra = sorted(s for s in by_stage if not 0 <= s < stages)
@@ -190,6 +225,38 @@ def stage_costs(classes: list[ClassInfo], stages: int, chunks: int, mesh: Relabe
         raise ValueError(f"rank classes do not cover pp = {stages}: stages without a class {missing}, "
                          f"stages out of range {extra}")
     return [slowest(by_stage[s]) for s in range(stages)]
+
+
+def _groups(costs: RankCosts) -> set[tuple[int, ...]]:
+    """The distinct groups (p2p: the two ends) of a rank's collectives and transfers."""
+    return {op.group for prog in costs.tasks() + costs.input_grad + costs.weight_grad for op in prog.ops
+            if op.group}
+
+
+def _moves_alike(groups: Callable[[], set[tuple[int, ...]]], move, ctx: OpContext,
+                 stage_stride: int | None = None) -> bool:
+    """Whether a class's programs moved to another stage's ranks by ``move`` cost what they cost
+    where traced, so that ``stage_costs`` need not relabel them (at 16K GPUs it re-times every
+    transfer of thousand-member data-parallel groups for each stage): the network is a
+    ``NetworkModel``, whose time and latency of a transfer depend on the shape of its group
+    alone (size, nodes, fewest members on a node), and every group keeps its shape and link class.
+    Its link loads then name other GPUs, one for one (``move`` is a bijection), which the stage's
+    device cannot tell apart: in symmetric mode only the stage's own transfers share links.
+    Degraded networks (slow NICs, link variability) and other cost models are relabelled.
+    ``groups()``: the class's distinct groups (``_groups``). ``stage_stride`` (``full.Relabel.stage_stride``; ``move`` along pp): where it is a multiple of
+    the node size, a node holds one stage's ranks and moves whole onto another node, so every
+    group keeps its shape without moving its members one by one."""
+    net = ctx.timer.network
+    if type(net) is not NetworkModel:
+        return False
+    if stage_stride is not None and stage_stride % net.topology.node_ranks == 0 \
+            and stage_stride % ctx.gpus_per_node == 0:
+        return True
+    for group in groups():
+        moved = tuple(move(r) for r in group)
+        if net.shape(moved) != net.shape(group) or ctx.link(moved) != ctx.link(group):
+            return False
+    return True
 
 
 def stage_activations(classes: list[ClassInfo], stages: int, chunks: int) -> list[list[float]]:
@@ -375,8 +442,8 @@ def run_simulate(workload, hardware, topology, trace_dir, rank_classes_path, ker
         trace = chrome_trace(result, stage_classes, rank_class,
                              {"workload": workload.name, "hardware": hardware.name, "topology": topology.name,
                               "mode": result.mode, "overlap_slowdown": slow.source})
-        with atomic_path(out_dir / "trace.json") as tmp:  # compact, with json's C encoder: it can be large
-            tmp.write_text(json.dumps(trace, separators=(",", ":")))
+        with atomic_path(out_dir / "trace.json") as tmp:  # orjson: tens of thousands of events at 16K GPUs
+            tmp.write_bytes(orjson.dumps(trace))
     link_columns = {}
     if mode == "symmetric":
         link_columns = slow_links.link_quantile_columns(
