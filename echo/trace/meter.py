@@ -19,7 +19,8 @@ two micro-batches in a row): what it reserves beyond the live peak is the fragme
 ``torch.cuda.max_memory_reserved`` shows on top of ``max_memory_allocated``.
 
 Storages that outlive the micro-batch as part of the rank's state are left out of both: the
-parameters' gradients (Megatron accumulates them into its gradient buffer, FSDP keeps the
+parameters and the model's buffers (llama's RoPE tables: the meter is given them, and they are
+counted with the parameters, data_parallel.buffer_bytes), the parameters' gradients (Megatron accumulates them into its gradient buffer, FSDP keeps the
 reduced shard; data_parallel.memory_model counts them), the cached FP8 weight copies
 (fp8.cached_weight_bytes) and, where FSDP2 keeps a pipeline stage gathered for the whole step
 (``unsharded_is_state``, fsdp.resident_unsharded), its gathered parameters. Views share their

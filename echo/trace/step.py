@@ -107,7 +107,9 @@ def trace_rank(w: Workload, rank: int, label_layers: bool = False) -> dict[str, 
         if label_layers:
             rec.label_layers(chunks)
         torch.set_default_dtype(dtype)
-        meter = MemoryMeter(data_parallel.local_params(chunks), native_gqa=p.zero < 3, gqa=w.model.heads // w.model.kv,
+        # parameters and buffers are the rank's state, not the micro-batch's memory
+        state = data_parallel.local_params(chunks) + data_parallel.local_buffers(chunks)
+        meter = MemoryMeter(state, native_gqa=p.zero < 3, gqa=w.model.heads // w.model.kv,
                             unsharded_is_state=fsdp.resident_unsharded(chunks, p) > 0,
                             expandable_segments=EXPANDABLE_SEGMENTS, recorder=rec)
         with rec, fp8.training(t.fp8_recipe, p.zero, fp8_gather=t.fp8_param_gather,
@@ -127,6 +129,8 @@ def trace_rank(w: Workload, rank: int, label_layers: bool = False) -> dict[str, 
             with rec.phase("optimizer"):  # the next step's FP8 weight copies, once per step
                 fp8.cast_weights(fp8_state)
         mem = data_parallel.rank_memory(chunks, groups, p, dtype, fsdp.resident_unsharded(chunks, p), grad_dtype)
+        # the model's buffers (llama's RoPE tables) are held beside the parameters
+        mem = dataclasses.replace(mem, param_bytes=mem.param_bytes + data_parallel.buffer_bytes(chunks))
         # Transformer Engine's FP8 weight copies (and transposes) live across micro-batches
         mem = dataclasses.replace(mem, param_bytes=mem.param_bytes + fp8.cached_weight_bytes(fp8_state))
         mem = dataclasses.replace(mem, param_bytes=mem.param_bytes - data_parallel.fp8_primary_savings(fp8_state, p.zero))

@@ -45,6 +45,23 @@ def local_params(modules: list[nn.Module]) -> list[torch.Tensor]:
     return out
 
 
+def local_buffers(modules: list[nn.Module]) -> list[torch.Tensor]:
+    """The modules' buffers (RoPE tables, ...), each storage once: state the rank holds for the
+    whole run beside its parameters, replicated (FSDP and ZeRO shard parameters, not buffers)."""
+    seen, out = set(), []
+    for m in modules:
+        for b in m.buffers():
+            b = local_tensor(b)
+            if b.untyped_storage()._cdata not in seen:
+                seen.add(b.untyped_storage()._cdata)
+                out.append(b)
+    return out
+
+
+def buffer_bytes(modules: list[nn.Module]) -> int:
+    return sum(b.untyped_storage().nbytes() for b in local_buffers(modules))
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (the tensor itself otherwise)."""
     return t._local_tensor if isinstance(t, DTensor) else t

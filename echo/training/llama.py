@@ -37,7 +37,8 @@ class Attention(nn.Module):
 
     COLWISE, ROWWISE = ("wqkv",), ("wo",)
 
-    def __init__(self, cfg: ModelConfig, recompute: str, hook: RecomputeHook):
+    def __init__(self, cfg: ModelConfig, recompute: str, hook: RecomputeHook,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         d = self.head_dim = cfg.head_dim
         self.group = cfg.heads // cfg.kv  # query heads per key/value head
@@ -46,7 +47,9 @@ class Attention(nn.Module):
         self.kind, self.dropout = cfg.attention, cfg.dropout
         self.wqkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * d, bias=False)
         self.wo = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
-        cos, sin = rope_tables(cfg.seq_len, d)
+        # ``rope``: the tables shared by every layer of the model chunk (one buffer, as torchtitan's
+        # freqs_cis and Megatron-Core's RotaryEmbedding: not one copy a layer)
+        cos, sin = rope if rope is not None else rope_tables(cfg.seq_len, d)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

@@ -57,20 +57,21 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def _parts(cfg: ModelConfig, recompute: str, hook: RecomputeHook, ep: int):
+def _parts(cfg: ModelConfig, recompute: str, hook: RecomputeHook, ep: int, rope=None):
     """(norm class, attention, MLP) of one layer of ``cfg.arch``; a mixture of experts replaces
-    the MLP when ``cfg.experts`` > 0."""
+    the MLP when ``cfg.experts`` > 0. ``rope``: llama's RoPE tables, shared by the chunk's layers."""
     if cfg.arch == "llama":
-        norm, attn, mlp = nn.RMSNorm, llama.Attention(cfg, recompute, hook), llama.MLP
+        norm, attn, mlp = nn.RMSNorm, llama.Attention(cfg, recompute, hook, rope), llama.MLP
     else:
         norm, attn, mlp = nn.LayerNorm, Attention(cfg, recompute, hook), MLP
     return norm, attn, moe.MoE(cfg, ep) if cfg.experts else mlp(cfg)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, recompute: str = "none", hook: RecomputeHook = nullcontext, ep: int = 1):
+    def __init__(self, cfg: ModelConfig, recompute: str = "none", hook: RecomputeHook = nullcontext, ep: int = 1,
+                 rope=None):
         super().__init__()
-        norm, self.attn, self.mlp = _parts(cfg, recompute, hook, ep)
+        norm, self.attn, self.mlp = _parts(cfg, recompute, hook, ep, rope)
         self.ln1, self.ln2 = norm(cfg.hidden), norm(cfg.hidden)
         self.full = recompute == "full"  # full recompute: only the layer input is kept
         self.hook, self.dropout = hook, cfg.dropout
@@ -96,7 +97,8 @@ class ModelChunk(nn.Module):
             self.tok_emb = nn.Embedding(cfg.vocab, cfg.hidden)
             # llama encodes positions with RoPE inside attention instead
             self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.arch == "gpt" else None
-        self.blocks = nn.ModuleList(Block(cfg, recompute, hook, ep) for _ in range(n_layers))
+        rope = llama.rope_tables(cfg.seq_len, cfg.head_dim) if cfg.arch == "llama" and n_layers else None
+        self.blocks = nn.ModuleList(Block(cfg, recompute, hook, ep, rope) for _ in range(n_layers))
         # (shard index, shards) of the sequence this rank holds; set by sequence parallelism
         self.seq_shard = (0, 1)
         if last:
