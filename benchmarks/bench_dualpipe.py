@@ -17,16 +17,15 @@ The first run traces both layouts (about a minute each on 2 cores); later runs o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from bench_simulate import cached_root, prepare_job  # this folder is on the path of a script run from it
+
 ROOT = Path(__file__).resolve().parent.parent
-OUT = Path(__file__).resolve().parent / "out"
 WORKLOAD, HARDWARE, TOPOLOGY = "deepseek-v3-2048-dualpipe", "h100-sxm-80gb", "dgx-h100-ndr"
 REPEATS = 5
 
@@ -48,35 +47,10 @@ def parse(spec: dict, name: str):
 
 
 def prepare(dp: int) -> Path:
-    """Trace, classes, kernels and network of the job at ``dp``, cached."""
-    from echo.workflow.versions import code_version
-
+    """Trace, classes, kernels and network of the job at ``dp``, cached (bench_simulate's cache)."""
     spec = spec_at(dp)
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode() + code_version("trace").encode()).hexdigest()[:10]
-    root = OUT / f"deepseek-v3-dualpipe-dp{dp}-{key}"
-    if (root / "done").is_file():
-        return root
-    import pyarrow.parquet as pq
-
-    from echo.artifacts import RANK_CLASSES
-    from echo.config import load_hardware, load_topology
-    from echo.dedup import rank_classes
-    from echo.io import write_parquet
-    from echo.network import run_calibrate
-    from echo.profile import run_profile
-    from echo.trace import run_trace
-
-    w = parse(spec, root.name)
-    t0 = time.perf_counter()
-    print(f"  preparing {root.name}: tracing ...", flush=True)
-    run_trace(w, root / "trace")
-    write_parquet(rank_classes(w, pq.read_table(root / "trace" / "ranks.parquet")), root / "rank_classes.parquet",
-                  RANK_CLASSES)
-    run_profile(load_hardware(HARDWARE), root / "trace", root / "kernels.parquet")
-    run_calibrate(load_topology(TOPOLOGY), root / "calib")
-    (root / "done").write_text(f"{time.perf_counter() - t0:.1f} s\n")
-    print(f"  prepared in {time.perf_counter() - t0:.0f} s", flush=True)
-    return root
+    root = cached_root(f"deepseek-v3-dualpipe-dp{dp}", spec)
+    return prepare_job(parse(spec, root.name), root, HARDWARE, TOPOLOGY)
 
 
 def simulate_one(args: dict) -> dict:

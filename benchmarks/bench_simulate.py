@@ -46,15 +46,16 @@ def parse(spec: dict, name: str):
     return parse_workload(spec, Path(f"{name}.yaml"))
 
 
-def prepare(pp: int, dp: int, v: bool = False) -> Path:
-    """Trace, classes, kernels and network of GPT-3 175B at TP8 x pp x dp, cached (``v``: in
-    ZB-V's placement, two chunks a rank). The traced graph does not depend on the global batch
-    nor on the schedule beyond the chunk placement (the schedule repeats one micro-batch's template)."""
+def cached_root(prefix: str, spec: dict) -> Path:
+    """Where a job's earlier stages are cached: keyed by its spec and the trace stage's code version."""
     from echo.workflow.versions import code_version
 
-    spec = workload_dict(pp, dp, dp, schedule="zb-v" if v else "1f1b")
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode() + code_version("trace").encode()).hexdigest()[:10]
-    root = OUT / f"gpt3-175b-tp8-pp{pp}-dp{dp}{'-v' if v else ''}-{key}"
+    return OUT / f"{prefix}-{key}"
+
+
+def prepare_job(w, root: Path, hardware: str = HARDWARE, topology: str = TOPOLOGY) -> Path:
+    """Trace, rank classes, kernel times and network model of workload ``w`` under ``root``, once."""
     if (root / "done").is_file():
         return root
     import pyarrow.parquet as pq
@@ -67,17 +68,25 @@ def prepare(pp: int, dp: int, v: bool = False) -> Path:
     from echo.profile import run_profile
     from echo.trace import run_trace
 
-    w = parse(spec, root.name)
     t0 = time.perf_counter()
-    print(f"  preparing {root.name}: tracing {pp} roles ...", flush=True)
+    print(f"  preparing {root.name}: tracing ...", flush=True)
     run_trace(w, root / "trace")
     write_parquet(rank_classes(w, pq.read_table(root / "trace" / "ranks.parquet")), root / "rank_classes.parquet",
                   RANK_CLASSES)
-    run_profile(load_hardware(HARDWARE), root / "trace", root / "kernels.parquet")
-    run_calibrate(load_topology(TOPOLOGY), root / "calib")
+    run_profile(load_hardware(hardware), root / "trace", root / "kernels.parquet")
+    run_calibrate(load_topology(topology), root / "calib")
     (root / "done").write_text(f"{time.perf_counter() - t0:.1f} s\n")
     print(f"  prepared in {time.perf_counter() - t0:.0f} s", flush=True)
     return root
+
+
+def prepare(pp: int, dp: int, v: bool = False) -> Path:
+    """Trace, classes, kernels and network of GPT-3 175B at TP8 x pp x dp, cached (``v``: in
+    ZB-V's placement, two chunks a rank). The traced graph does not depend on the global batch
+    nor on the schedule beyond the chunk placement (the schedule repeats one micro-batch's template)."""
+    spec = workload_dict(pp, dp, dp, schedule="zb-v" if v else "1f1b")
+    root = cached_root(f"gpt3-175b-tp8-pp{pp}-dp{dp}{'-v' if v else ''}", spec)
+    return prepare_job(parse(spec, root.name), root)
 
 
 def simulate_one(args: dict) -> dict:
