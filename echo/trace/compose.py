@@ -190,9 +190,13 @@ def assemble(w: Workload, rank: int, micro: dict[str, pa.Table], tail: dict, mem
     deps = pa.concat_tables([micro["deps"], pa.Table.from_pylist(t_deps, schema=DEPS)])
     layout = Layout(w.parallel)
     c = layout.coords(rank)
+    from echo.training.model import chunk_buffer_bytes
+
+    # the model's buffers (llama's RoPE tables) are held beside the parameters, as trace_rank counts them
+    param_bytes = tail["param_bytes"] + chunk_buffer_bytes(w, c.pp)
     ranks = pa.table({
         "rank": [rank], "role": [layout.role_of(rank)], "pp_rank": [c.pp], "tp_rank": [c.tp], "dp_rank": [c.dp],
-        "cp_rank": [c.cp], "graph_hash": [graph_hash(ops, comms, layout, rank)], "param_bytes": [tail["param_bytes"]],
+        "cp_rank": [c.cp], "graph_hash": [graph_hash(ops, comms, layout, rank)], "param_bytes": [param_bytes],
         "grad_bytes": [tail["grad_bytes"]], "optimizer_bytes": [tail["optimizer_bytes"]],
         "activation_bytes_per_microbatch": [memory["saved_bytes"]], "trace_wall_s": [wall_s]}, schema=TRACED_RANKS)
     ranks = ranks.append_column("peak_bytes_per_microbatch", pa.array([memory["peak_bytes"]], pa.int64()))

@@ -128,6 +128,17 @@ class ModelChunk(nn.Module):
 
 
 
+def chunk_buffer_bytes(w: Workload, pp_rank: int) -> int:
+    """What the buffers of ``build_chunks(w, pp_rank)`` hold, without building them (a rank
+    composed from layer templates, echo.trace.compose): a llama chunk with layers keeps one pair of
+    RoPE tables, cos and sin, fp32 [seq_len, head_dim] each (``ModelChunk``); Hugging Face and
+    custom modules are not composed (echo.trace.template refuses them)."""
+    if w.model.arch != "llama":
+        return 0
+    slots = chunk_slots(w.parallel, w.model.layers, pp_rank)
+    return sum(2 * w.model.seq_len * w.model.head_dim * 4 for slot in slots if slot.layers)
+
+
 def build_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext) -> list[nn.Module]:
     """The model chunks of pipeline rank ``pp_rank`` (one per virtual stage, interleaved layout:
     chunk c holds virtual stage c * pp + pp_rank), as the tracer and the real runs build them;
