@@ -130,7 +130,7 @@ class Program:
     """One task's ops, compiled for replay, with its clean replay (idle device, time 0)."""
 
     __slots__ = ("ops", "waits", "steps", "recvs", "recv_first", "_cost", "_at", "_jump", "_jump_plain", "_cum", "_kinds",
-                 "flops", "recompute_flops", "has_async", "send_ops", "_send_at", "hosted", "_ch", "_host_ok",
+                 "flops", "recompute_flops", "send_ops", "_send_at", "hosted", "_ch", "_host_ok",
                  "_host_room", "_synced", "_host_end", "runs", "_xfers")
 
     def __init__(self, ops: Iterable[Op] = (), waits: Mapping[int, Sequence[int]] | None = None):
@@ -144,7 +144,6 @@ class Program:
         self.recvs = codes.count(RECV)
         first_other = next((i for i, c in enumerate(codes) if c != RECV), len(codes))
         self.recv_first = RECV not in codes[first_other:]
-        self.has_async = ASYNC in codes
         self.send_ops = tuple(op for op in self.ops if op.code == SEND)
         self._send_at = tuple(i for i, c in enumerate(codes) if c == SEND)
         self.hosted = any(op.host_us > 0 or op.host_sync for op in self.ops)
