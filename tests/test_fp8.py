@@ -113,6 +113,11 @@ def test_routed_experts_run_grouped_fp8_gemms_and_the_router_stays_bf16(tmp_path
     ops, _, _ = _trace(tmp_path, model, {"dp": 2, "ep": 2}, global_batch=2, dtype="fp8", fp8_recipe="delayed")
     grouped = Counter(o["phase"] for o in ops if o["name"] == "aten._scaled_grouped_mm.default")
     assert grouped == {"forward": 4, "backward": 8}  # gate_up and down of 2 layers
+    flops = Counter()
+    for o in ops:
+        if o["name"] == "aten._scaled_grouped_mm.default":
+            flops[o["phase"]] += o["flops"]
+    assert flops["backward"] == 2 * flops["forward"] > 0  # data and weight gradient, each the forward's
     router = [o for o in ops if o["name"] == "aten.mm.default" and o["phase"] == "forward"
               and json.loads(o["shapes"])[1][-1] == 8]
     assert len(router) == 2 and {o["dtype"] for o in router} == {"bfloat16"}

@@ -288,3 +288,19 @@ def test_the_fit_is_reproducible_from_the_reference_folder_alone(reference, tmp_
     doc = json.loads(json.dumps(fit.fit_hardware("h200-sxm-141gb", "0" * 12, reference_dir=reference)))
     assert doc["fitted"] == {"hbm_efficiency": load_hardware("h200-sxm-141gb").compute_model.hbm_efficiency}
     assert all(t.startswith("kernels/") or t == "hardware.csv" for t in doc["inputs"]["reference"])
+
+
+def test_the_experts_weight_gradient_counts_its_flops_at_trace_time():
+    """The tracer's FLOPs of a grouped GEMM: the weight gradient (2-D x 2-D, rows split by offs) does
+    as much work as the forward over the same rows (it was counted 0, so MoE jobs' MFU came out low)."""
+    import torch
+
+    from echo.trace import opinfo
+
+    groups, rows, k, n = 4, 64, 32, 48
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    fwd = opinfo.matmul_flops(torch.ops.aten._grouped_mm.default,
+                              (torch.empty(rows, k, **meta), torch.empty(groups, k, n, **meta)))
+    dw = opinfo.matmul_flops(torch.ops.aten._grouped_mm.default,
+                             (torch.empty(n, rows, **meta), torch.empty(rows, k, **meta)))
+    assert fwd == dw == 2.0 * rows * k * n

@@ -154,18 +154,47 @@ def test_bridge_presets_map_to_recompute_modules(settings, expected):
     assert recompute_modules(settings) == expected
 
 
-def test_alltoall_dispatcher_sorts_the_received_chunks_and_flex_does_not():
-    """Megatron's alltoall dispatcher sorts the received [source rank][local expert] chunks into
-    expert order and back before the combine (the tokens, their weights and the experts' output:
-    one copy each way, forward and backward); the flex dispatcher does not. The GEMMs and the
-    bytes kept for backward are the same."""
+def test_alltoall_dispatcher_sorts_the_received_chunks_and_flex_deduplicates():
+    """Megatron's alltoall dispatcher sends one row per chosen expert and sorts the received
+    [source rank][local expert] chunks into expert order and back (copies); the flex dispatcher
+    (DeepEP / HybridEP) sends each token once to each rank holding one of its experts and sums
+    its local experts' rows before the combine. Here 8 experts, top 4, ep 2 (4 a rank): a token
+    misses a rank with probability C(4, 4) / C(8, 4) = 1/70, so 256 tokens send
+    round(256 * 69 / 70) = 252 rows to each rank instead of 256 * 4 / 2 = 512. The GEMMs are the
+    same; flex keeps its index maps (int64) for backward instead."""
+    from echo.training.hf_moe import hit_probability
+
     def trace(dispatcher):
         out = trace_rank(_workload(None, dispatcher=dispatcher), 0)
-        ops = out["ops"]
+        ops, comms = out["ops"], out["comms"].to_pylist()
         mm = pc.sum(ops.filter(pc.equal(ops["op_class"], "gemm"))["flops"]).as_py()
-        return ops, mm, out["ranks"]["activation_bytes_per_microbatch"][0].as_py()
-    sorted_ops, mm_sorted, saved_sorted = trace("alltoall")
-    flex_ops, mm_flex, saved_flex = trace("flex")
-    assert mm_sorted == mm_flex and saved_sorted == saved_flex
+        sent = [c["bytes"] for c in comms if c["group_kind"] == "ep" and c["phase"] == "forward"]
+        return ops, mm, out["ranks"]["activation_bytes_per_microbatch"][0].as_py(), sent
+    assert hit_probability(EXPERTS, TOP_K, 2) == pytest.approx(69 / 70)
+    sorted_ops, mm_sorted, saved_sorted, sent_sorted = trace("alltoall")
+    flex_ops, mm_flex, saved_flex, sent_flex = trace("flex")
+    assert mm_sorted == mm_flex
+    unique, rows = 2 * 252, SEQ * TOP_K
+    # per layer: dispatch (the tokens, their weights), combine; bf16 rows of H, the weights bf16
+    assert sent_sorted == [rows * H * 2, rows * 2, rows * H * 2] * LAYERS
+    assert sent_flex == [unique * H * 2, unique * TOP_K * 2, unique * H * 2] * LAYERS
+    # the flex path keeps the send map (a token a destination), the row map and the weights' map
+    assert saved_flex - saved_sorted == LAYERS * 8 * (unique + 2 * rows)
     copies = lambda ops: Counter(n for n in ops["name"].to_pylist() if n in ("aten.clone.default", "aten.copy_.default"))  # noqa: E731
-    assert sum(copies(sorted_ops).values()) - sum(copies(flex_ops).values()) == 6 * LAYERS
+    assert sum(copies(sorted_ops).values()) > sum(copies(flex_ops).values())
+
+def test_a_token_hits_a_rank_as_balanced_routing_draws_its_experts():
+    """hit_probability by hand: uniform top-k (Qwen3-30B, 128 experts, top 8, ep 8: a rank's 16 are
+    missed with C(112, 8) / C(128, 8)); DeepSeek-V3's group-limited routing (8 groups of 32, the
+    token picks 4 groups, then 8 experts among their 128): at ep 8 a rank is one group, chosen
+    with 4/8; at ep 4 it is two groups."""
+    from math import comb
+
+    from echo.training.hf_moe import hit_probability
+
+    assert hit_probability(128, 8, 8) == pytest.approx(1 - comb(112, 8) / comb(128, 8))
+    assert hit_probability(128, 8, 1) == 1.0
+    assert hit_probability(256, 8, 8, (8, 4)) == pytest.approx(0.5 * (1 - comb(96, 8) / comb(128, 8)))
+    two_groups = (comb(6, 4) + comb(2, 1) * comb(6, 3) * comb(96, 8) / comb(128, 8)
+                  + comb(6, 2) * comb(64, 8) / comb(128, 8)) / comb(8, 4)
+    assert hit_probability(256, 8, 4, (8, 4)) == pytest.approx(1 - two_groups)

@@ -114,8 +114,9 @@ class ParallelConfig(BaseModel):
         "alltoall", description="Megatron-Core's --moe-token-dispatcher-type for expert parallelism: alltoall "
         "(tokens permuted by expert, all-to-all, then the received chunks sorted from source-rank order to "
         "local-expert order, and back before the combine: two more passes over the routed rows per "
-        "direction); flex (DeepEP / HybridEP: the dispatch hands each local expert its rows, no chunk sort; "
-        "their per-rank deduplication of the sent tokens is not modelled)")
+        "direction); flex (DeepEP / HybridEP: a token goes once to each rank holding one of its experts and "
+        "is expanded there into a row per local expert, no chunk sort; the experts' rows are summed per token "
+        "before the combine; their node-level deduplication across nodes is not modelled)")
     ep_comm_overlap: bool = Field(
         False, description="Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B, as DeepSeek-V3's "
         "DualPipe overlaps): in steady state a forward and a backward of two micro-batches run interleaved at "

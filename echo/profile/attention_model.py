@@ -9,6 +9,8 @@ iteration runs the block's GEMMs (forward QK^T and PV: 4*128*128*d FLOPs; backwa
     iteration = mult * 4 * 128 * 128 * (d + softmax_headdim) / (peak/SMs * gemm.bf16.peak_fraction * vs_gemm)
     CTA       = cta_us + iterations * iteration
     non-causal: time = launch + ceil(CTAs / SMs) * CTA            (equal CTAs, in waves)
+    window w:   as causal, the i-th CTA looping over min(i + 1, ceil(w / 128) + 1) blocks: the
+                ones its band touches (echo::sliding_attention)
     causal:     time = launch + max(sum of CTAs / SMs, longest CTA)  (block i of a head loops over i+1
                 blocks; the scheduler starts the longest first, so the SMs stay evenly loaded)
 
@@ -43,6 +45,7 @@ class AttentionCall:
     backward: bool
     causal: bool
     fp8: bool
+    window: int = 0  # sliding window (keys a query sees, itself included); 0: the whole causal triangle
 
 
 def attention_call(name: str, args_json: str, causal: bool) -> AttentionCall | None:
@@ -58,7 +61,12 @@ def attention_call(name: str, args_json: str, causal: bool) -> AttentionCall | N
     if len(tensors) < 2 or len(tensors[0]["T"]) != 4 or len(tensors[1]["T"]) != 4:
         return None
     (b, h, s_q, d), s_k = tensors[0]["T"], tensors[1]["T"][-2]
-    return AttentionCall(b, h, s_q, s_k, d, backward, causal, tensors[0]["dt"].startswith("float8"))
+    window = 0
+    if "sliding_attention" in name:  # echo::sliding_attention(q, k, v, window), its backward (grad, q, k, v, out, lse, window)
+        at = 6 if backward else 3
+        window = int(args[at]) if len(args) > at and isinstance(args[at], (int, float)) else 0
+        causal = True
+    return AttentionCall(b, h, s_q, s_k, d, backward, causal, tensors[0]["dt"].startswith("float8"), window)
 
 
 def ctas(call: AttentionCall) -> int:
@@ -95,6 +103,15 @@ def attention_time(att, gemm_fraction: float, peak_tflops: float, sms: int, laun
     side = 2 * launch_us + aux_bytes(call) / (hbm_GBps * 1e3) if call.backward else 0.0
     if not call.causal:
         return side + launch_us + math.ceil(heads * outer / sms) * (cta_us + inner * iteration)
+    if call.window:
+        # a sliding window: every CTA loops over the blocks its band touches, window / 128 + 1 at
+        # most (the first ones fewer; counted whole, as the masked edge blocks are computed whole)
+        band = min(inner, math.ceil(call.window / BLOCK) + 1)
+        # the i-th CTA of a head loops over min(i + 1, band) blocks (the band meets the diagonal);
+        # a window as long as the sequence is the causal triangle below
+        iterations = (band * outer - band * (band - 1) / 2) / outer
+        total = heads * outer * (cta_us + iterations * iteration)
+        return side + launch_us + max(total / sms, cta_us + band * iteration)
     # causal: the i-th of n blocks loops over i+1 of the other side's blocks (square case; a
     # rectangular mask is scaled to the same triangle)
     iterations = inner * (outer + 1) / 2 / outer

@@ -13,6 +13,7 @@ import math
 import torch
 
 from echo.trace import hashing
+from echo.training.sliding_attention import band_pairs
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_scaled_grouped_mm", "_grouped_mm"}
 _CLASS_BY_NAME = {
@@ -50,7 +51,9 @@ def op_class(func) -> str:
     name = base_name(func)
     if func.namespace == "fsdp":  # FSDP2's all-gather copy-in/out and gradient chunk_cat
         return "copy"
-    if func.namespace == "echo":  # Echo's own kernels (training/fp8.py, fused.py), memory-bound
+    if func.namespace == "echo":  # Echo's own kernels (training/fp8.py, fused.py), memory-bound but attention
+        if name.startswith("sliding_attention"):
+            return "attention"
         return ("norm" if name.startswith("rms_norm") else "quantize" if name == "quantize" else
                 "softmax" if name == "cross_entropy" or name.startswith("scaled_causal_softmax") else "elementwise")
     if name in _GEMM:
@@ -99,8 +102,10 @@ def matmul_flops(func, args) -> float:
         (m, k), n = args[0].shape, args[1].shape[-1]
         # FP4 (float4_e2m1fn_x2) packs two values per element: the logical K is twice the shape's
         return 2.0 * m * n * k * (2 if args[0].dtype == torch.float4_e2m1fn_x2 else 1)
-    if name in ("_scaled_grouped_mm", "_grouped_mm") and args[0].dim() == 2 and args[1].dim() == 3:
-        # routed rows (total, K) against every local expert's (K, N): each row meets one expert
+    if name in ("_scaled_grouped_mm", "_grouped_mm") and args[0].dim() == 2 and args[1].dim() in (2, 3):
+        # forward / data gradient (rows, K) x (G, K, N): each routed row meets its one expert's weight;
+        # weight gradient (N, rows) x (rows, K) -> (G, N, K): offs splits the rows among the experts, so
+        # each row still meets each output column once. Either way one GEMM's 2 * M * N * K.
         (m, k), n = args[0].shape, args[1].shape[-1]
         return 2.0 * m * n * k * (2 if args[0].dtype == torch.float4_e2m1fn_x2 else 1)
     if name == "addmm":
@@ -109,6 +114,13 @@ def matmul_flops(func, args) -> float:
     if name in ("bmm", "baddbmm"):
         a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
         return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    if name.startswith("sliding_attention"):
+        # the causal band's (query, key) pairs (training/sliding_attention.py), not the full square
+        backward = "backward" in name
+        q, window = args[1 if backward else 0], args[6 if backward else 3]
+        b, h, s, d = q.shape
+        fwd = 4.0 * b * h * d * band_pairs(s, int(window))
+        return 2.0 * fwd if backward else fwd
     if "attention" in name:
         q, k = args[0], args[1]
         if "backward" in name:

@@ -20,11 +20,10 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from echo.config.workload import ModelConfig, Workload
 from echo.errors import ConfigError
-from echo.training import fused, hf_mla, hf_moe
+from echo.training import fused, hf_mla, hf_moe, sliding_attention
 from echo.training.layers import RecomputedOutputs, RecomputeHook, attention_core, recomputed
 from echo.training.layout import chunk_slots
 
@@ -41,26 +40,13 @@ def _echo_attention(module, query, key, value, attention_mask, scaling=None, dro
     selective, hook = getattr(module, "echo_selective", False), getattr(module, "echo_hook", nullcontext)
     cp_group, p = getattr(module, "cp_group", None), dropout if module.training else 0.0
     window = kwargs.get("sliding_window")
-    if window and cp_group is None and query.shape[2] % window == 0 and query.shape[2] > 2 * window:
-        out = _sliding(query, key, value, window, selective, hook, p)
+    if window and cp_group is None and query.shape[2] > window:
+        # one fused kernel over the band (sliding_attention); dropout is not applied, as in the flash path
+        core = lambda q, k, v: sliding_attention.sliding_attention(q, k, v, window)[0]  # noqa: E731
+        out = recomputed(core, hook)(query, key, value) if selective else core(query, key, value)
     else:
         out = attention_core(query, key, value, selective, hook, cp_group, "flash", p)
     return out[..., :d_v].transpose(1, 2).contiguous(), None
-
-
-def _sliding(q, k, v, window: int, selective: bool, hook, p: float):
-    """Sliding-window attention (gpt-oss's sliding layers, Mistral's) as the fused kernel runs it:
-    each block of ``window`` queries attends to its own block and the one before, 2 x window keys,
-    so the work per query is ~window keys, not half the sequence. The kernel's causal flag stands
-    for the window's band; the trace costs kernels, and the band's alignment does not change that."""
-    b, h, s, d = q.shape
-    n = s // window
-    blocks = lambda t: t.reshape(b, h, n, window, t.shape[-1])  # noqa: E731
-    # the previous block next to each block; blocks fold into the head dimension, as the fused
-    # kernel takes 4-D inputs
-    pairs = lambda t: torch.cat((F.pad(t, [0, 0, 0, 0, 1, 0])[:, :, :-1], t), dim=3).flatten(1, 2)  # noqa: E731
-    out = attention_core(blocks(q).flatten(1, 2), pairs(blocks(k)), pairs(blocks(v)), selective, hook, None, "flash", p)
-    return out.reshape(b, h, s, -1)
 
 
 def _register_attention() -> None:
@@ -223,9 +209,11 @@ def build_hf_chunks(w: Workload, pp_rank: int, hook: RecomputeHook = nullcontext
     """The chunks of pipeline rank ``pp_rank`` (layout as model.build_chunks), routed experts
     cut to this rank's 1/ep of them."""
     lm = build_hf_model(w.model)
+    conf = w.model.hf_config  # the router's expert groups (DeepSeek-V3's group-limited routing)
     chunks = [HFChunk(lm, slot.layers, first=slot.first, last=slot.last, recompute=w.training.recompute, hook=hook,
                       modules=w.training.recompute_modules)
               for slot in chunk_slots(w.parallel, w.model.layers, pp_rank)]
     for chunk in chunks:
-        hf_moe.localize_experts(chunk, w.parallel.ep, w.model.expert_load, w.parallel.moe_dispatcher)
+        hf_moe.localize_experts(chunk, w.parallel.ep, w.model.expert_load, w.parallel.moe_dispatcher,
+                                (conf.get("n_group") or 1, conf.get("topk_group") or 1))
     return chunks

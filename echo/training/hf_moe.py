@@ -11,6 +11,15 @@ applied inside the fused activation (Megatron-Core's weighted_bias_swiglu / quic
 combine's sum over the top_k then keeps nothing for backward), all-to-all combine.
 With expert parallelism each rank keeps experts / ep of the weights.
 
+The flex dispatcher (DeepEP, HybridEP) sends a token to each expert-parallel rank once however
+many of its top_k experts that rank holds, expands it into one row per local expert on arrival,
+sums the local experts' outputs before sending them back, and the source sums the ranks' replies
+(``_forward_flex``); the alltoall dispatcher sends one row per chosen expert. Under balanced
+routing a rank is hit with the probability ``hit_probability`` gives (with ``model.expert_load``
+every dispatcher sends a row per chosen expert: which tokens share a rank is not known). The node-level
+deduplication of DeepEP's inter-node kernels (one RDMA copy per node, forwarded over NVLink) is
+not modelled: across nodes the flex dispatch is a rank-level all-to-all here.
+
 Imbalanced routing (``model.expert_load``, relative tokens per expert): expert e then receives
 its share of the routed rows, the dispatch and combine carry unequal splits, and the local
 experts run one GEMM each (Megatron's grouped GEMM over unequal groups). The all-to-alls make
@@ -23,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 import types
 
 import torch
@@ -48,9 +58,30 @@ def heaviest_group(load: list[float], ep: int) -> list[float]:
     return [x / total for x in max(groups, key=sum)]
 
 
-def localize_experts(chunk: nn.Module, ep: int, load: list[float] | None = None, dispatcher: str = "alltoall") -> None:
+def hit_probability(experts: int, top_k: int, ep: int, groups: tuple[int, int] = (1, 1)) -> float:
+    """Probability that a token's top_k experts include one of a given expert-parallel rank's
+    experts / ep, routing balanced (each token's experts a uniform draw, as Megatron's
+    moe_router_force_load_balancing makes them); ``groups`` = (n_group, topk_group) of a
+    group-limited router (DeepSeek-V3: the token first picks topk_group of n_group expert groups,
+    then its top_k experts among theirs). A rank's experts are consecutive, so they lie in one group
+    or cover whole groups."""
+    n_group, topk_group = groups
+    per_group, local = experts // n_group, experts // ep
+    chosen = topk_group * per_group  # experts a token draws its top_k from
+    spans = max(1, local // per_group)  # groups the rank's experts cover
+    in_group = min(local, per_group)    # of its experts, those in each covered group
+    miss = 0.0
+    for j in range(spans + 1):  # j of the rank's groups are among the token's topk_group
+        p_j = math.comb(spans, j) * math.comb(n_group - spans, topk_group - j) / math.comb(n_group, topk_group)
+        miss += p_j * math.comb(chosen - j * in_group, top_k) / math.comb(chosen, top_k)
+    return 1.0 - miss
+
+
+def localize_experts(chunk: nn.Module, ep: int, load: list[float] | None = None, dispatcher: str = "alltoall",
+                     groups: tuple[int, int] = (1, 1)) -> None:
     """Cut every experts module of ``chunk`` to its 1/ep share and give it the Megatron path
-    (balanced, or by ``load``: relative tokens per expert; ``dispatcher``: parallel.moe_dispatcher)."""
+    (balanced, or by ``load``: relative tokens per expert; ``dispatcher``: parallel.moe_dispatcher;
+    ``groups``: the router's (n_group, topk_group), for the flex dispatcher's deduplication)."""
     for m in chunk.modules():
         if not is_experts(m):
             continue
@@ -65,6 +96,7 @@ def localize_experts(chunk: nn.Module, ep: int, load: list[float] | None = None,
             new.echo_expert = True
             setattr(m, name, new)
         m.local_experts, m.ep, m.ep_group, m.dispatcher = local, ep, None, dispatcher
+        m.experts, m.groups = experts, groups
         m.shares = heaviest_group(load, ep) if load else None
         m.forward = types.MethodType(_forward if load is None else _forward_imbalanced, m)
 
@@ -73,6 +105,8 @@ def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k
     """[tokens, h] in and out, as transformers' experts modules (indices and weights [tokens, k])."""
     tokens, h = hidden_states.shape
     k = top_k_index.shape[-1]
+    if self.ep > 1 and getattr(self, "dispatcher", "alltoall") == "flex":
+        return _forward_flex(self, hidden_states, top_k_weights)
     # one copy of each token per chosen expert, grouped by destination (balanced routing); the
     # routing weights travel with them (Megatron's dispatcher sends the permuted probabilities)
     routed = _sort_chunks(self, _all_to_all(self, hidden_states.repeat_interleave(k, dim=0)))
@@ -80,6 +114,47 @@ def _forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k
     y = _project(self, routed.view(self.local_experts, -1, h), slice(None), probs.view(self.local_experts, -1, 1))
     y = _all_to_all(self, _sort_chunks(self, y.reshape(-1, h), back=True))
     return y.view(tokens, k, h).sum(dim=1)
+
+
+def _forward_flex(self, hidden_states: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The flex dispatcher (DeepEP / HybridEP) under balanced routing: each token goes once to each
+    rank holding one of its experts (``hit_probability``), with its k routing weights; the
+    receiver expands it into a row per local expert it chose (Megatron's fused moe_permute), and
+    after the experts sums those rows back into one per token (the fused unpermute) for the
+    combine; the source sums the replies of the ranks it sent the token to. The index tensors
+    stand for DeepEP's layout (is_token_in_rank) and the permutation map: fake, only their sizes
+    matter."""
+    tokens, h = hidden_states.shape
+    k = top_k_weights.shape[-1]
+    unique = max(1, round(tokens * hit_probability(self.experts, k, self.ep, self.groups)))
+    rows = tokens * k  # this rank's experts' rows from all sources (balanced routing)
+    # (their fill stands for the kernels that compute DeepEP's layout and the permutation map)
+    index = lambda n: torch.zeros(n, dtype=torch.long, device=hidden_states.device)  # noqa: E731
+    sent_at = index(self.ep * unique)  # the tokens for each destination rank, once each
+    received = _all_to_all(self, hidden_states.index_select(0, sent_at))
+    weights = _all_to_all(self, top_k_weights.index_select(0, sent_at))
+    row_at = index(rows)               # the received token of each local expert's row
+    routed = received.index_select(0, row_at)
+    probs = weights.reshape(-1).index_select(0, index(rows))
+    y = _project(self, routed.view(self.local_experts, -1, h), slice(None), probs.view(self.local_experts, -1, 1))
+    replies = _all_to_all(self, _SumRows.apply(y.reshape(-1, h), row_at, self.ep * unique))
+    return _SumRows.apply(replies, sent_at, tokens)
+
+
+class _SumRows(torch.autograd.Function):
+    """out[index[i]] += x[i] into ``n`` rows: the fused unpermute and the combine's reduction at the
+    source. Its backward is a gather of the gradient by the same index and keeps only the index
+    (torch's index_add would keep x for its backward, which these kernels do not)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        return x.new_zeros(n, x.shape[-1]).index_add_(0, index, x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index), None, None
 
 
 def _sort_chunks(self, t: torch.Tensor, back: bool = False) -> torch.Tensor:
