@@ -128,33 +128,41 @@ def _forward_flex(self, hidden_states: torch.Tensor, top_k_weights: torch.Tensor
     k = top_k_weights.shape[-1]
     unique = max(1, round(tokens * hit_probability(self.experts, k, self.ep, self.groups)))
     rows = tokens * k  # this rank's experts' rows from all sources (balanced routing)
-    # (their fill stands for the kernels that compute DeepEP's layout and the permutation map)
-    index = lambda n: torch.zeros(n, dtype=torch.long, device=hidden_states.device)  # noqa: E731
-    sent_at = index(self.ep * unique)  # the tokens for each destination rank, once each
-    received = _all_to_all(self, hidden_states.index_select(0, sent_at))
+    # one fill stands for the kernels that compute DeepEP's layout and the permutation map
+    maps = torch.zeros(max(self.ep * unique, rows), dtype=torch.long, device=hidden_states.device)
+    sent_at, row_at = maps[:self.ep * unique], maps[:rows]  # (views: no kernel)
+    received = _all_to_all(self, hidden_states.index_select(0, sent_at))  # the tokens for each rank, once each
     weights = _all_to_all(self, top_k_weights.index_select(0, sent_at))
-    row_at = index(rows)               # the received token of each local expert's row
-    routed = received.index_select(0, row_at)
-    probs = weights.reshape(-1).index_select(0, index(rows))
+    routed = received.index_select(0, row_at)  # the received token of each local expert's row
+    probs = weights.reshape(-1).index_select(0, row_at)
     y = _project(self, routed.view(self.local_experts, -1, h), slice(None), probs.view(self.local_experts, -1, 1))
-    replies = _all_to_all(self, _SumRows.apply(y.reshape(-1, h), row_at, self.ep * unique))
-    return _SumRows.apply(replies, sent_at, tokens)
+    replies = _all_to_all(self, rows_sum(y.reshape(-1, h), row_at, self.ep * unique))
+    return rows_sum(replies, sent_at, tokens)
 
 
-class _SumRows(torch.autograd.Function):
-    """out[index[i]] += x[i] into ``n`` rows: the fused unpermute and the combine's reduction at the
-    source. Its backward is a gather of the gradient by the same index and keeps only the index
-    (torch's index_add would keep x for its backward, which these kernels do not)."""
+@torch.library.custom_op("echo::rows_sum", mutates_args=())
+def rows_sum(x: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """out[index[i]] += x[i] into ``n`` rows, one kernel: the fused unpermute and the combine's
+    reduction at the source. Its backward gathers the gradient by the same index and keeps only
+    the index (torch's index_add would also keep x, which these kernels do not)."""
+    return x.new_zeros(n, x.shape[-1]).index_add_(0, index, x)
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-        ctx.save_for_backward(index)
-        return x.new_zeros(n, x.shape[-1]).index_add_(0, index, x)
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (index,) = ctx.saved_tensors
-        return grad.index_select(0, index), None, None
+@rows_sum.register_fake
+def _(x, index, n):
+    return x.new_empty(n, x.shape[-1])
+
+
+def _rows_sum_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _rows_sum_backward(ctx, grad):
+    (index,) = ctx.saved_tensors
+    return grad.index_select(0, index), None, None
+
+
+rows_sum.register_autograd(_rows_sum_backward, setup_context=_rows_sum_setup)
 
 
 def _sort_chunks(self, t: torch.Tensor, back: bool = False) -> torch.Tensor:
