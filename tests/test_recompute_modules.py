@@ -182,6 +182,9 @@ def test_alltoall_dispatcher_sorts_the_received_chunks_and_flex_deduplicates():
     assert saved_flex - saved_sorted == LAYERS * 8 * max(unique, rows)
     copies = lambda ops: Counter(n for n in ops["name"].to_pylist() if n in ("aten.clone.default", "aten.copy_.default"))  # noqa: E731
     assert sum(copies(sorted_ops).values()) > sum(copies(flex_ops).values())
+    # its gathers and sums are one kernel each (echo::gather_rows, echo::rows_sum, their backwards):
+    # no more launches than the alltoall path's
+    assert flex_ops.num_rows <= sorted_ops.num_rows
 
 def test_a_token_hits_a_rank_as_balanced_routing_draws_its_experts():
     """hit_probability by hand: uniform top-k (Qwen3-30B, 128 experts, top 8, ep 8: a rank's 16 are

@@ -131,13 +131,55 @@ def _forward_flex(self, hidden_states: torch.Tensor, top_k_weights: torch.Tensor
     # one fill stands for the kernels that compute DeepEP's layout and the permutation map
     maps = torch.zeros(max(self.ep * unique, rows), dtype=torch.long, device=hidden_states.device)
     sent_at, row_at = maps[:self.ep * unique], maps[:rows]  # (views: no kernel)
-    received = _all_to_all(self, hidden_states.index_select(0, sent_at))  # the tokens for each rank, once each
-    weights = _all_to_all(self, top_k_weights.index_select(0, sent_at))
-    routed = received.index_select(0, row_at)  # the received token of each local expert's row
-    probs = weights.reshape(-1).index_select(0, row_at)
+    # the tokens for each rank, once each, with their weights (DeepEP's dispatch reads both at once)
+    sent, sent_weights = gather_rows(hidden_states, top_k_weights, sent_at)
+    received, weights = _all_to_all(self, sent), _all_to_all(self, sent_weights)
+    # the received token of each local expert's row, and its weight (the fused permute with probs)
+    routed, probs = gather_rows(received, weights.reshape(-1, 1), row_at)
     y = _project(self, routed.view(self.local_experts, -1, h), slice(None), probs.view(self.local_experts, -1, 1))
     replies = _all_to_all(self, rows_sum(y.reshape(-1, h), row_at, self.ep * unique))
     return rows_sum(replies, sent_at, tokens)
+
+
+@torch.library.custom_op("echo::gather_rows", mutates_args=())
+def gather_rows(x: torch.Tensor, w: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x[index], w[index]) in one kernel: the dispatch's read of the tokens and their routing
+    weights, the permute of the received rows with their weights. Its backward is one kernel too
+    (``scatter_rows``) and keeps only the index."""
+    return x.index_select(0, index), w.index_select(0, index)
+
+
+@gather_rows.register_fake
+def _(x, w, index):
+    return x.new_empty(index.shape[0], *x.shape[1:]), w.new_empty(index.shape[0], *w.shape[1:])
+
+
+@torch.library.custom_op("echo::scatter_rows", mutates_args=())
+def scatter_rows(gx: torch.Tensor, gw: torch.Tensor, index: torch.Tensor, nx: int,
+                 nw: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gather_rows' backward: the rows' gradients summed back by index into nx and nw rows."""
+    dx = gx.new_zeros(nx, *gx.shape[1:]).index_add_(0, index, gx)
+    return dx, gw.new_zeros(nw, *gw.shape[1:]).index_add_(0, index, gw)
+
+
+@scatter_rows.register_fake
+def _(gx, gw, index, nx, nw):
+    return gx.new_empty(nx, *gx.shape[1:]), gw.new_empty(nw, *gw.shape[1:])
+
+
+def _gather_setup(ctx, inputs, output):
+    x, w, index = inputs
+    ctx.save_for_backward(index)
+    ctx.rows = (x.shape[0], w.shape[0])
+
+
+def _gather_backward(ctx, gx, gw):
+    (index,) = ctx.saved_tensors
+    dx, dw = scatter_rows(gx.contiguous(), gw.contiguous(), index, *ctx.rows)
+    return dx, dw, None
+
+
+gather_rows.register_autograd(_gather_backward, setup_context=_gather_setup)
 
 
 @torch.library.custom_op("echo::rows_sum", mutates_args=())
