@@ -201,6 +201,7 @@ def test_a_token_hits_a_rank_as_balanced_routing_draws_its_experts():
     two_groups = (comb(6, 4) + comb(2, 1) * comb(6, 3) * comb(96, 8) / comb(128, 8)
                   + comb(6, 2) * comb(64, 8) / comb(128, 8)) / comb(8, 4)
     assert hit_probability(256, 8, 4, (8, 4)) == pytest.approx(1 - two_groups)
+    assert 0 < hit_probability(8, 8, 2, (8, 4)) <= 1  # top_k above the chosen groups' experts: no division by 0
 
 
 def test_rows_sum_adds_rows_by_index_and_gathers_the_gradient_back():

@@ -67,7 +67,8 @@ def hit_probability(experts: int, top_k: int, ep: int, groups: tuple[int, int] =
     or cover whole groups."""
     n_group, topk_group = groups
     per_group, local = experts // n_group, experts // ep
-    chosen = topk_group * per_group  # experts a token draws its top_k from
+    # experts a token draws its top_k from (at least top_k: a router cannot pick more than it sees)
+    chosen = max(topk_group * per_group, top_k)
     spans = max(1, local // per_group)  # groups the rank's experts cover
     in_group = min(local, per_group)    # of its experts, those in each covered group
     miss = 0.0
