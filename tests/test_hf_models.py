@@ -209,6 +209,13 @@ def test_llama_traced_flops_under_context_parallelism(tmp_path):
     assert sum(o["flops"] for o in ops if o["phase"] == "forward") == pytest.approx(want, rel=0.01)
     gathers = [c for c in _rank0(tmp_path / "trace", "comms") if c["group_kind"] == "cp"]
     assert len(gathers) >= 2 * 4  # keys and values of every layer
+    # grouped-query attention: the key / value heads are gathered as they are (kv / tp = 2 heads of
+    # the whole sequence, bf16), not repeated to the query heads first, as TE's context
+    # parallelism exchanges them; forward repeats no K / V
+    fwd = [c for c in gathers if c["op"] == "all_gather" and c["phase"] == "forward"]
+    assert {c["bytes"] for c in fwd} == {1 * kv * s * d * 2}
+    assert not any("repeat_interleave" in o["name"] or o["name"].startswith("aten.index_select")
+                   for o in ops if o["phase"] == "forward")
 
 
 @pytest.mark.slow

@@ -34,17 +34,17 @@ def _echo_attention(module, query, key, value, attention_mask, scaling=None, dro
     """transformers' attention-function contract: q [b, heads, s, d], k/v [b, kv_heads, s, d]
     in, ([b, s, heads, d_v], None) out. Causal, as every decoder here (no mask is passed)."""
     group = query.shape[1] // key.shape[1]
-    if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
-        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     value, d_v = hf_mla.pad_value(value, query.shape[-1])  # MLA: v heads narrower than q/k heads
     selective, hook = getattr(module, "echo_selective", False), getattr(module, "echo_hook", nullcontext)
     cp_group, p = getattr(module, "cp_group", None), dropout if module.training else 0.0
     window = kwargs.get("sliding_window")
     if window and cp_group is None and query.shape[2] > window:
+        if group > 1:  # the band kernel takes one key / value head per query head
+            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
         # one fused kernel over the band (sliding_attention); dropout is not applied, as in the flash path
         core = lambda q, k, v: sliding_attention.sliding_attention(q, k, v, window)[0]  # noqa: E731
         out = recomputed(core, hook)(query, key, value) if selective else core(query, key, value)
-    else:
+    else:  # grouped-query K / V as they are: the fused kernel reads each head for its group (attention_core)
         out = attention_core(query, key, value, selective, hook, cp_group, "flash", p)
     return out[..., :d_v].transpose(1, 2).contiguous(), None
 

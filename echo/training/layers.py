@@ -193,12 +193,22 @@ def attention_core(q, k, v, selective: bool, hook: RecomputeHook, cp_group=None,
     keys and values of the whole sequence (Llama 3's all-gather CP; backward reduce-scatters their
     gradients). Its queries then attend to all keys; with Megatron's load-balanced assignment
     (chunks i and 2cp-1-i per rank) the causal work per rank is half of that block, which is what
-    ``is_causal`` tells the kernel and the cost model (the mask's alignment is not modelled)."""
+    ``is_causal`` tells the kernel and the cost model (the mask's alignment is not modelled).
+
+    Grouped-query attention (``k`` and ``v`` with fewer heads than ``q``): the fused kernel takes
+    the key / value heads as they are, as FlashAttention, cuDNN and Transformer Engine do (SDPA's
+    ``enable_gqa``: no repeated copy of K / V is made, saved or, under context parallelism,
+    gathered); the unfused path repeats them first, as a GEMM of each query head needs them."""
     if cp_group is not None:
         k = funcol.all_gather_tensor_autograd(k.contiguous(), 2, cp_group)
         v = funcol.all_gather_tensor_autograd(v.contiguous(), 2, cp_group)
+    group = q.shape[1] // k.shape[1]
     if kind == "math":
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         core = lambda q, k, v: math_attention(q, k, v, dropout)  # noqa: E731
+    elif group > 1:
+        core = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
     else:
         # A fused kernel drops attention weights inside itself (FlashAttention's dropout_p: its RNG
         # runs in the kernel, its cost is not modelled) and saves no s x s tensor. On the tracing
