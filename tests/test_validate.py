@@ -283,7 +283,9 @@ PUBLISHED_SUBSET = {
     # and the A100 HDR topology is the nccl-tests fit; cause of the remaining under-prediction open
     "sc21-gpt-1.7b": 0.14,
     "mcore-h100-gpt-1.7b": 0.35,     # H100 bf16, the smallest row: -27.7% (validation row; cause not isolated)
-    "mbridge-h100-llama-3.1-70b-fp8cs-64g-tp4pp8cp1vp5ep1-gbs128mbs1-fp8ag": 0.08,  # FP8 current scaling: -3.0%
+    # FP8 current scaling: -3.0% when the bound was set; -6.6% at 1e8f34d (GQA heads as they are: the
+    # repeated K / V copies gone; sequence-parallel FP8 gathers earlier)
+    "mbridge-h100-llama-3.1-70b-fp8cs-64g-tp4pp8cp1vp5ep1-gbs128mbs1-fp8ag": 0.08,
 }
 
 

@@ -239,6 +239,7 @@ PUBLISHED = pa.schema([
     ("compute_s", pa.float64()),
     ("exposed_comm_s", pa.float64()),
     ("exposed_tp_s", pa.float64()),
+    ("exposed_cp_s", pa.float64()),            # context-parallel key / value exchanges
     ("exposed_dp_s", pa.float64()),
     ("exposed_pp_s", pa.float64()),
     ("exposed_ep_s", pa.float64()),            # expert-parallel all-to-alls (MoE)
@@ -266,7 +267,7 @@ def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
             "measured_step_time_s": row.measured_step_s, "error": pred / row.measured_step_s - 1,
             "predicted_tflops_per_gpu": row.tflops_per_gpu * row.measured_step_s / pred,
             "measured_tflops_per_gpu": row.tflops_per_gpu,
-            **{k: s.get(k) for k in ("compute_s", "exposed_comm_s", "exposed_tp_s", "exposed_dp_s", "exposed_pp_s",
+            **{k: s.get(k) for k in ("compute_s", "exposed_comm_s", "exposed_tp_s", "exposed_cp_s", "exposed_dp_s", "exposed_pp_s",
                                      "exposed_ep_s", "host_wait_s", "bubble_s", "fits", "peak_mem_gib")},
         })
     return pa.Table.from_pylist(out, schema=PUBLISHED)
