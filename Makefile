@@ -40,9 +40,16 @@ FITS ?= a100-sxm-80gb h100-sxm-80gb h200-sxm-141gb b200-sxm gb200 b300-sxm gb300
 fit: venv
 	$(BIN)/snakemake --cores $(CORES) $(foreach h,$(FITS),results/fit/$(h).json)
 
-# Everything, the real single-node SLURM test included (it installs SLURM with apt as root).
+# Everything, the real single-node SLURM test included (it installs SLURM with apt as root): on
+# every core (pytest-xdist, one test file per worker at a time), then the tests that bound times
+# measured on this machine (marker timing) alone, so that no other test shares the cores they time.
+# Both parts always run; either failing fails the target.
+TEST_WORKERS ?= auto
 test: venv
-	$(BIN)/pytest -q --durations=10
+	@start=$$(date +%s); rc=0; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not timing" --durations=15 || rc=$$?; \
+	$(BIN)/pytest -q -m timing --durations=5 || rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # The unit tests (no snakemake runs, no SLURM, no real training runs): under 3 minutes here.
 test-fast: venv

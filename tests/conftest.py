@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from echo.reference import reference_root
 
@@ -138,16 +139,36 @@ def workflow_logs(wf: Path, tail: int = 3000) -> str:
     return "\n".join(f"== {p}\n{p.read_text()[-tail:]}" for p in sorted((wf / "logs").rglob("*.log")))
 
 
+def shared_once(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
+    """``build(wf)`` run once per test session, across pytest-xdist's workers too (``make test``
+    runs on every core): the first worker to ask builds the workflow copy ``wf`` under a file
+    lock in the folder all workers share, the others wait and take it. A build that failed leaves
+    no done-marker, so the next asker starts over (and fails alike, with its own message)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # each worker's base temp sits in the session's common one
+    wf, done = root / f"shared-{name}" / "wf", root / f"shared-{name}.done"
+    with FileLock(str(root / f"shared-{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(wf.parent, ignore_errors=True)
+            build(copy_workflow(wf))
+            done.touch()
+    return wf
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A workflow copy in which the tiny experiments (rule all, with the report's figures) and
-    GPU_TARGET have run locally with the real stages; the terminal output is in run.out."""
-    wf = copy_workflow(tmp_path_factory.mktemp("tiny") / "wf")
-    use_tiny_experiments(wf)
-    proc = snakemake(wf, "--cores", "2", *TINY_TARGETS)
-    (wf / "run.out").write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-10000:] + workflow_logs(wf)
-    return wf
+    GPU_TARGET have run locally with the real stages; the terminal output is in run.out. Tests
+    copy it before changing anything."""
+
+    def build(wf: Path) -> None:
+        use_tiny_experiments(wf)
+        proc = snakemake(wf, "--cores", "2", *TINY_TARGETS)
+        (wf / "run.out").write_text(proc.stdout + proc.stderr)
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-10000:] + workflow_logs(wf)
+
+    return shared_once(tmp_path_factory, "tiny", build)
 
 
 # --- the default DAG run with stub stages (for what-re-runs tests) --------------------------------
@@ -182,11 +203,13 @@ def stub_scripts(wf: Path) -> None:
 @pytest.fixture(scope="session")
 def stub_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A workflow copy whose whole default DAG has run once with stub scripts."""
-    wf = copy_workflow(tmp_path_factory.mktemp("stub") / "wf")
-    stub_scripts(wf)
-    proc = snakemake(wf, "--cores", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return wf
+
+    def build(wf: Path) -> None:
+        stub_scripts(wf)
+        proc = snakemake(wf, "--cores", "2")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    return shared_once(tmp_path_factory, "stub", build)
 
 
 FIXED_EAGER = {"eager_op_us": 10.0, "colocated": {"1": 1.0, "2": 1.05}, "kernels_per_microbatch": 80,
@@ -208,9 +231,26 @@ def fixed_eager_step(monkeypatch):
 # the tiny experiments' report) or Snakemake in a copy of the workflow: every test that uses one is slow, so `make
 # test-fast` (the unit tests) leaves it out; `make test` runs everything.
 HEAVY_FIXTURES = {"gloo_bench", "layer_traces", "report_html", "real_run", "workflow_copy", "tiny_run", "stub_run"}
+# Fixtures that time this machine (a gloo benchmark, a real training step under the profiler) for
+# tests that bound what they measured: such a test needs the machine to itself, so `make test`
+# runs the tests marked timing alone, after the rest has run on every core.
+TIMING_FIXTURES = {"gloo_bench", "real_run"}
+
+
+def pytest_configure(config):
+    # pytest-xdist's workers share the cores: torch's intra-op pool in each worker takes its share
+    # (the timing tests run alone, in one process, and time with the threads they set themselves)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if HEAVY_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        if TIMING_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.timing)

@@ -207,6 +207,7 @@ def test_measured_profile_times_real_ops(tmp_path):
         assert r["duration_us"] > 0
 
 
+@pytest.mark.timing
 def test_two_measurements_agree_within_a_loose_factor():
     ks = real_kernels()[:4]
     first = [measure_mod.time_kernel(k).duration_us for k in ks]

@@ -50,6 +50,7 @@ def test_colocated_ranks_are_capped_by_the_cores():
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # times side-by-side processes on every core: needs the machine to itself
 def test_eager_step_is_measured_once_and_cached(tmp_path):
     first = eager.step_overheads(tmp_path)
     assert not first["cached"]

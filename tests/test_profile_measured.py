@@ -24,7 +24,8 @@ from echo.profile import measure as measure_mod
 from echo.trace import run_trace
 
 # the kernels' own timings are compared; the eager per-op charge is measured once per CPU
-pytestmark = [pytest.mark.usefixtures("fixed_eager_step"), pytest.mark.slow]  # real kernel timing, minutes
+# real kernel timing, minutes; timing: run alone (make test), a busy neighbour moves what they bound
+pytestmark = [pytest.mark.usefixtures("fixed_eager_step"), pytest.mark.slow, pytest.mark.timing]
 
 
 @pytest.fixture(scope="module")

@@ -250,6 +250,10 @@ PUBLISHED = pa.schema([
 ])
 
 
+# The breakdown's exposed communication per kind, in the order the README's table prints it.
+EXPOSED_BY_KIND = ("exposed_tp_s", "exposed_cp_s", "exposed_dp_s", "exposed_pp_s", "exposed_ep_s")
+
+
 def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
     """One line per row whose workload was simulated (``summaries``: workload name -> summary row)."""
     out = []
@@ -267,8 +271,8 @@ def published_table(rows: list[Row], summaries: dict[str, dict]) -> pa.Table:
             "measured_step_time_s": row.measured_step_s, "error": pred / row.measured_step_s - 1,
             "predicted_tflops_per_gpu": row.tflops_per_gpu * row.measured_step_s / pred,
             "measured_tflops_per_gpu": row.tflops_per_gpu,
-            **{k: s.get(k) for k in ("compute_s", "exposed_comm_s", "exposed_tp_s", "exposed_cp_s", "exposed_dp_s", "exposed_pp_s",
-                                     "exposed_ep_s", "host_wait_s", "bubble_s", "fits", "peak_mem_gib")},
+            **{k: s.get(k) for k in ("compute_s", "exposed_comm_s", *EXPOSED_BY_KIND, "host_wait_s", "bubble_s", "fits",
+                                     "peak_mem_gib")},
         })
     return pa.Table.from_pylist(out, schema=PUBLISHED)
 

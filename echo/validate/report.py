@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from echo.io import atomic_path, read_parquet, write_parquet
-from echo.validate.published import table_errors
+from echo.validate.published import EXPOSED_BY_KIND, table_errors
 
 LOCAL = pa.schema([
     ("workload", pa.string()),
@@ -94,8 +94,7 @@ def published_markdown(table: pa.Table) -> str:
                 "| table | row | workload | GPUs | predicted (s) | measured (s) | error | exposed TP / CP / DP / PP / EP (s) | host wait (s) | bubble (s) | peak GiB |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            exposed = " / ".join(f"{(r.get(k) or 0):.2f}" for k in ("exposed_tp_s", "exposed_cp_s", "exposed_dp_s", "exposed_pp_s",
-                                                                      "exposed_ep_s"))
+            exposed = " / ".join(f"{(r.get(k) or 0):.2f}" for k in EXPOSED_BY_KIND)
             mem = f"{r['peak_mem_gib']:.0f}" + ("" if r["fits"] else " (does not fit)") if r["peak_mem_gib"] else ""
             out.append(f"| {r['table']} | {r['row']} | {r['workload']} | {r['gpus']} | {r['predicted_step_time_s']:.2f} | "
                        f"{r['measured_step_time_s']:.2f} | {_pct(r['error'])} | {exposed} | "
