@@ -129,9 +129,9 @@ GPU_TARGET = ("tiny-tp2", "a100-sxm-80gb", "dgx-a100-hdr")
 TINY_TARGETS = ("all", "results/simulate/{}/{}/{}/summary.parquet".format(*GPU_TARGET))
 
 
-def use_tiny_experiments(wf: Path) -> None:
-    """Make the tiny experiments the copy's default experiments (rule all)."""
-    experiments = "".join(f"  - {{workload: {w}, hardware: {h}, topology: {t}}}\n" for w, h, t in TINY)
+def use_tiny_experiments(wf: Path, tiny: list[tuple[str, str, str]] = TINY) -> None:
+    """Make the tiny experiments (or some of them) the copy's default experiments (rule all)."""
+    experiments = "".join(f"  - {{workload: {w}, hardware: {h}, topology: {t}}}\n" for w, h, t in tiny)
     (wf / "config" / "config.yaml").write_text("experiments:\n" + experiments)
 
 
@@ -247,7 +247,18 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+# Test files that take minutes, the longest first (the last serial CI's --durations): pytest-xdist
+# hands whole files to its workers in collection order, so these start first and the short files
+# fill in around them, instead of one long file starting last and running alone at the end.
+# test_slurm builds tiny_run on its worker while the other runs test_validate and the NVL72 refit,
+# so that test_faults, which needs tiny_run too, rarely waits for it.
+LONG_FILES = ("test_slurm.py", "test_validate.py", "test_network_nvl72.py", "test_faults.py", "test_search.py",
+              "test_profile_workflow.py", "test_sweep.py", "test_workflow.py", "test_report.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: file order kept
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if HEAVY_FIXTURES & fixtures:
