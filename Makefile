@@ -41,13 +41,14 @@ fit: venv
 	$(BIN)/snakemake --cores $(CORES) $(foreach h,$(FITS),results/fit/$(h).json)
 
 # Everything, the real single-node SLURM test included (it installs SLURM with apt as root): on
-# every core (pytest-xdist, one test file per worker at a time), then the tests that bound times
-# measured on this machine (marker timing) alone, so that no other test shares the cores they time.
-# Both parts always run; either failing fails the target.
+# every core (pytest-xdist, one test file per worker at a time, in collection order: the long files
+# first, tests/conftest.py LONG_FILES; xdist's own order is by number of tests), then the tests that
+# bound times measured on this machine (marker timing) alone, so that no other test shares the cores
+# they time. Both parts always run; either failing fails the target.
 TEST_WORKERS ?= auto
 test: venv
 	@start=$$(date +%s); rc=0; \
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not timing" --durations=15 || rc=$$?; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not timing" --durations=15 || rc=$$?; \
 	$(BIN)/pytest -q -m timing --durations=5 || rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s"; exit $$rc
 
