@@ -247,8 +247,8 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
-# Test files that take minutes, the longest first (the last serial CI's --durations): pytest-xdist
-# hands whole files to its workers in collection order, so these start first and the short files
+# Test files that take minutes, the longest first (the last serial CI's --durations): pytest-xdist,
+# with --no-loadscope-reorder (make test), hands whole files to its workers in collection order, so these start first and the short files
 # fill in around them, instead of one long file starting last and running alone at the end.
 # test_slurm builds tiny_run on its worker while the other runs test_validate and the NVL72 refit,
 # so that test_faults, which needs tiny_run too, rarely waits for it.
