@@ -106,6 +106,10 @@ class GemmModel(BaseModel):
                                         "to fp8's: the scales are applied on CUDA cores outside the MMA")
     mxfp8: float | None = Field(None, gt=0, le=1, description="main-loop rate of MXFP8 (1x32 E8M0 block scales) "
                                 "relative to fp8's")
+    blockwise_launch_us: float | None = Field(None, ge=0, description="fixed time of a blockwise-FP8 GEMM kernel "
+                                              "(DeepGEMM-style persistent TMA kernels, which start their tiles sooner "
+                                              "than the cuBLAS / XLA kernels launch_us is fitted on), microseconds; "
+                                              "None: launch_us")
 
 
 class AttentionModel(BaseModel):

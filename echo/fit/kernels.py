@@ -13,7 +13,7 @@ held-out rows by config/splits/kernel_tables.yaml (declared before any fit):
 - GEMM (``gemm``): least squares on log time of the fit shapes of OpenXLA's GEMM table (H100 bf16
   and tf32, B200 bf16, tf32 and fp8), one launch floor per GPU and a GemmRate per format. H100 FP8
   (whose XLA rows exceed the FP8 peak): TileLang's H800 K sweep, the launch floor and operand reuse
-  kept from the bf16 fit. Hopper's blockwise-FP8 factor: DeepGEMM's fit rows. A100 (square peaks
+  kept from the bf16 fit. Hopper's blockwise-FP8 factor and fixed time: DeepGEMM's fit rows. A100 (square peaks
   only): the bf16 peak_fraction solved so that the model's best square GEMM equals torch's measured
   maximum, its tile constants transferred from H100.
 - Attention (``attention``): least squares on log time of the fit rows of the reference flash
@@ -157,8 +157,9 @@ def _rate(v) -> GemmRate:
 
 
 def predict_gemm(hw: Hardware, rows: list[kd.GemmRow], launch: float, rates: dict[str, GemmRate],
-                 bw_GBps: float, blockwise: float = 1.0) -> np.ndarray:
-    """Model time (us) of each row (square-peak rows: at the best of their sizes, time at max size)."""
+                 bw_GBps: float, blockwise: float = 1.0, blockwise_launch: float | None = None) -> np.ndarray:
+    """Model time (us) of each row (square-peak rows: at the best of their sizes, time at max size);
+    blockwise-FP8 rows take ``blockwise_launch`` as their fixed time where given."""
     out = np.empty(len(rows))
     sms = hw.compute_model.sm_count
     by_fmt: dict[str, list[int]] = {}
@@ -169,7 +170,8 @@ def predict_gemm(hw: Hardware, rows: list[kd.GemmRow], launch: float, rates: dic
         peak = getattr(hw.peak_tflops, _FMT_PEAK[fmt])
         rate = rates[_FMT_RATE[fmt]]
         factor = blockwise if fmt == "blockwise_fp8" else 1.0
-        t, _, _ = gemm_time(rate, launch, peak, sms, bw_GBps, [r.batch for r in sub], [r.m for r in sub],
+        fixed = blockwise_launch if fmt == "blockwise_fp8" and blockwise_launch is not None else launch
+        t, _, _ = gemm_time(rate, fixed, peak, sms, bw_GBps, [r.batch for r in sub], [r.m for r in sub],
                             [r.n for r in sub], [r.k for r in sub], np.array([r.a_bytes for r in sub]),
                             np.array([r.b_bytes for r in sub]), np.array([r.out_bytes for r in sub]), factor)
         for j, (i, r) in enumerate(zip(idx, sub, strict=True)):
@@ -210,12 +212,16 @@ def fit_fp8_tilelang(hw: Hardware, rows: list[kd.GemmRow], launch: float, reuse:
     return GemmRate(peak_fraction=_sig(res.x[0]), wave_overhead_us=_sig(res.x[1]), full_rate_reuse=reuse)
 
 
-def fit_blockwise(hw: Hardware, rows: list[kd.GemmRow], launch: float, fp8: GemmRate, bw: float) -> float:
-    """Hopper's blockwise-FP8 main-loop factor on DeepGEMM's fit rows (least squares on log time)."""
+def fit_blockwise(hw: Hardware, rows: list[kd.GemmRow], fp8: GemmRate, bw: float) -> tuple[float, float]:
+    """Hopper's blockwise-FP8 (main-loop factor, fixed time in us) on DeepGEMM's fit rows (least
+    squares on log time). The fixed time is DeepGEMM's own: its persistent TMA kernels start their
+    tiles sooner than the cuBLAS / XLA kernels gemm.launch_us is fitted on (its M = 64 / 128 rows,
+    memory-bound, run within about 1 us of their bytes' time, which a 5 us floor cannot give)."""
     measured = np.array([r.us for r in rows])
-    res = least_squares(lambda v: np.log(predict_gemm(hw, rows, launch, {"fp8": fp8}, bw, float(v[0])) / measured),
-                        [0.9], bounds=([0.3], [1.0]), diff_step=1e-3)
-    return _sig(res.x[0])
+    res = least_squares(lambda v: np.log(predict_gemm(hw, rows, 0.0, {"fp8": fp8}, bw, float(v[0]), float(v[1]))
+                                         / measured),
+                        [0.9, 3.0], bounds=([0.3, 0.0], [1.0, 20.0]), diff_step=1e-3)
+    return _sig(res.x[0]), _sig(res.x[1])
 
 
 def solve_square_peak(hw: Hardware, row: kd.GemmRow, launch: float, rate: GemmRate, bw: float) -> float:
@@ -294,9 +300,9 @@ def attention_report(hw: Hardware, att: AttentionModel, gemm_fraction: float, la
 
 # --- reports -----------------------------------------------------------------------------------
 def gemm_report(hw: Hardware, rows: list[kd.GemmRow], launch: float, rates: dict[str, GemmRate], bw: float,
-                blockwise: float = 1.0) -> list[dict]:
+                blockwise: float = 1.0, blockwise_launch: float | None = None) -> list[dict]:
     usable = [r for r in rows if _FMT_RATE[r.fmt] in rates]
-    got = predict_gemm(hw, usable, launch, rates, bw, blockwise) if usable else []
+    got = predict_gemm(hw, usable, launch, rates, bw, blockwise, blockwise_launch) if usable else []
     return [{"table": r.table, "key": r.key, "fmt": r.fmt, "split": r.split, "shape": [r.batch, r.m, r.n, r.k],
              "measured_tflops": r.tflops, "model_tflops": 2.0 * r.batch * r.m * r.n * r.k / float(g) / 1e6,
              "error_pct": 100 * (float(g) / r.us - 1), "note": r.note} for r, g in zip(usable, got, strict=True)]
@@ -376,11 +382,12 @@ def _h100_core(root: Path | None, config_root: Path | None = None) -> dict:
     rates["fp8"] = fit_fp8_tilelang(hw, [r for r in tile if r.split == "fit"], launch,
                                     rates["bf16"].full_rate_reuse, bw)
     deep = [r for r in rows if r.table == "deepgemm_fp8.csv" and r.split != "excluded"]
-    blockwise = fit_blockwise(hw, [r for r in deep if r.split == "fit"], launch, rates["fp8"], bw)
+    blockwise, blockwise_launch = fit_blockwise(hw, [r for r in deep if r.split == "fit"], rates["fp8"], bw)
     mine = [r for r in att_rows if r.gpu == kd.H100]
     att = fit_attention(hw, [r for r in mine if r.split == "fit"], rates["bf16"].peak_fraction, launch, bw,
                         _ATT_FIELDS, {"fp8_speedup": FA3_FP8_SPEEDUP})
-    return dict(hw=hw, eff=eff, hbm=hbm, bw=bw, launch=launch, rates=rates, blockwise=blockwise, att=att)
+    return dict(hw=hw, eff=eff, hbm=hbm, bw=bw, launch=launch, rates=rates, blockwise=blockwise,
+                blockwise_launch=blockwise_launch, att=att)
 
 
 def fit_kernels(name: str, root: Path | None = None, config_root: Path | None = None) -> dict:
@@ -416,17 +423,17 @@ def fit_kernels(name: str, root: Path | None = None, config_root: Path | None = 
                                    else ""))
 
     gemm: dict = {}
-    blockwise, mxfp8, fp4 = None, None, None
+    blockwise, blockwise_launch, mxfp8, fp4 = None, None, None, None
     if name == kd.H100:
         launch, rates, blockwise = h100["launch"], dict(h100["rates"]), h100["blockwise"]
-        mxfp8 = blockwise
+        blockwise_launch, mxfp8 = h100["blockwise_launch"], blockwise
     elif name == kd.B200:
         xla = [r for r in rows if r.gpu == kd.B200 and r.table == "xla_matmul_table.csv"]
         launch, rates = fit_gemm_table(hw, [r for r in xla if r.split == "fit"], ("bf16", "fp32", "fp8"), bw)
         blockwise, mxfp8, fp4 = 1.0, 1.0, rates["fp8"]
     elif name == kd.H200:
         launch, rates, blockwise = h100["launch"], dict(h100["rates"]), h100["blockwise"]
-        mxfp8 = blockwise
+        blockwise_launch, mxfp8 = h100["blockwise_launch"], blockwise
     else:  # A100: square peaks only
         launch = h100["launch"]
         base = h100["rates"]["bf16"]
@@ -441,9 +448,11 @@ def fit_kernels(name: str, root: Path | None = None, config_root: Path | None = 
         gemm["blockwise_fp8"] = blockwise
     if mxfp8 is not None:
         gemm["mxfp8"] = mxfp8
+    if blockwise_launch is not None:
+        gemm["blockwise_launch_us"] = blockwise_launch
     mine = [r for r in rows if r.gpu == name]
     report = gemm_report(hw, [r for r in mine if r.split != "excluded" or r.table == "xla_matmul_table.csv"],
-                         launch, rates, bw, blockwise or 1.0)
+                         launch, rates, bw, blockwise or 1.0, blockwise_launch)
     out["gemm_rows"] = report
     fitted_rows = [r for r in report if r["table"] != "deepgemm_fp8.csv" and r["split"] != "excluded"]
     out["errors"]["gemm"] = summarise([r for r in fitted_rows if r["split"] in ("fit", "held_out")], "fmt")
@@ -521,10 +530,14 @@ def _gemm_provenance(name: str, errors: dict, launch: float, rates: dict[str, Ge
         p["gemm.fp8.full_rate_reuse"] = _p("transferred", "gemm.bf16's (same tensor cores; TileLang's shapes all "
                                            "run large tiles, so the fp8 rows do not identify it)")
         b = errors.get("blockwise_fp8", {})
-        p["gemm.blockwise_fp8"] = _p("fitted", "least squares on log time of deepgemm_fp8.csv's fit rows (README "
-                                     f"989c9e3, H800 SXM5; dense and grouped, 1x128 / 128x128 scales) with gemm.fp8 "
-                                     f"fixed: fit {b.get('fit')}% over {b.get('n_fit')}, held-out "
-                                     f"{b.get('held_out')}% over {b.get('n_held_out')} rows")
+        deep = (f"least squares on log time of deepgemm_fp8.csv's fit rows (README 989c9e3, H800 SXM5; dense and "
+                "grouped, 1x128 / 128x128 scales) with gemm.fp8 fixed, jointly with gemm.{}: fit "
+                f"{b.get('fit')}% over {b.get('n_fit')}, held-out {b.get('held_out')}% over {b.get('n_held_out')} rows")
+        p["gemm.blockwise_fp8"] = _p("fitted", "the main-loop factor (block scales promoted on the CUDA cores): "
+                                     + deep.format("blockwise_launch_us"))
+        p["gemm.blockwise_launch_us"] = _p("fitted", "DeepGEMM's own fixed time per kernel (its M = 64 / 128 rows run "
+                                           "within about 1 us of their bytes' time, under the XLA-fitted "
+                                           "gemm.launch_us): " + deep.format("blockwise_fp8"))
         p["gemm.mxfp8"] = _p("assumed", "as gemm.blockwise_fp8: Hopper's tensor cores have no block-scaled MMA, so "
                              "1x32 E8M0 scales are applied in software as DeepGEMM applies its 1x128 ones "
                              "(Transformer Engine runs MXFP8 on Blackwell only); no MXFP8 Hopper measurement")
@@ -538,7 +551,8 @@ def _gemm_provenance(name: str, errors: dict, launch: float, rates: dict[str, Ge
         p["gemm.mxfp8"] = _p("assumed", "1: MXFP8 is Blackwell's native block-scaled MMA (same reasoning as "
                              "gemm.blockwise_fp8); no MXFP8 table")
     if name == kd.H200:
-        for key in ("gemm.launch_us", "gemm.bf16", "gemm.tf32", "gemm.fp8", "gemm.blockwise_fp8"):
+        for key in ("gemm.launch_us", "gemm.bf16", "gemm.tf32", "gemm.fp8", "gemm.blockwise_fp8",
+                    "gemm.blockwise_launch_us"):
             p[key] = _p("transferred", f"{h100_t} (GH100 silicon: same SMs, clocks and tensor cores; only the HBM "
                         "differs, and the model takes HBM from the H200's own sweep)")
         p["gemm.mxfp8"] = _p("assumed", "as h100-sxm-80gb: gemm.blockwise_fp8's value (no block-scaled MMA on "
