@@ -41,12 +41,22 @@ from echo.profile.gemm_model import TILES, gemm_time
 
 FITTED = (kd.A100, kd.H100, kd.H200, kd.B200)
 # hardware files whose silicon is another's: every parameter transferred from it
-SAME_SILICON = {"gb200": (kd.B200, "B200 silicon (GB200: the same Blackwell die at a higher power limit and "
-                          "clocks; its own datasheet peaks carry the clock difference)"),
+SAME_SILICON = {"gb200": (kd.B200, "B200 silicon (GB200: the same Blackwell die at a higher power limit; its "
+                          "datasheet's 11% higher peaks are not measured by any kernel table, so B200's measured "
+                          "rates carry over as they are: see SAME_DIE)"),
                 "gb300": (kd.B200, "B200 silicon (GB300 is Blackwell Ultra; no GB300 or B300 kernel data in the "
                           "reference folder, so the nearest fitted Blackwell part)"),
                 "b300-sxm": (kd.B200, "B200 silicon (B300 is Blackwell Ultra; no B300 kernel data in the "
                              "reference folder, so the nearest fitted Blackwell part)")}
+# Parts of the same die as their source: the GEMM main-loop rates transfer as achieved TFLOP/s (each
+# peak_fraction rescaled to the part's own datasheet peak), not as fractions of a datasheet peak that
+# no kernel on the part measured. GB200's datasheet (5 PF sparse BF16 per GPU) is 11% above HGX
+# B200's (4.5 PF) for the same SMs; sources disagree on it (the hardware file's header), and the
+# Megatron-Bridge rows that ran one layout on both (Qwen3-30B-A3B, EP8, three releases) measure GB200
+# 1-4% slower per GPU, not faster (a check, not a fit). B300 / GB300 are other silicon (Blackwell
+# Ultra): their datasheet peaks are the best evidence of their rates and carry them.
+SAME_DIE = frozenset({"gb200"})
+_RATE_PEAK = {"bf16": "bf16", "tf32": "tf32", "fp8": "fp8", "fp4": "fp4"}  # gemm rate key -> peak_tflops key
 SPLIT = "config/splits/kernel_tables.yaml"
 # assumed: the floor of a non-GEMM kernel (launch to completion of a tiny grid); no GPU's table
 # times a tiny non-GEMM kernel as a profiler would (cccl's nvbench times include the launch)
@@ -665,6 +675,18 @@ def _same_silicon(name: str, root: Path | None, config_root: Path | None) -> dic
     prov = {leaf: _p("transferred", f"{silicon}: {source}'s value ({src_p['status']} there)")
             for leaf in _leaf_names(cm)
             for src_p in [_provenance_of(src["compute_model"]["provenance"], leaf)]}
+    if name in SAME_DIE:  # the same achieved TFLOP/s: fractions of this part's own (higher) peaks
+        mine, theirs = hardware_for_fit(name, config_root).peak_tflops, hardware_for_fit(source, config_root).peak_tflops
+        gemm = dict(cm["gemm"])
+        for key, peak in _RATE_PEAK.items():
+            if isinstance(gemm.get(key), dict):
+                scale = getattr(theirs, peak) / getattr(mine, peak)
+                theirs_fraction = gemm[key]["peak_fraction"]
+                gemm[key] = {**gemm[key], "peak_fraction": _sig(theirs_fraction * scale)}
+                prov[f"gemm.{key}.peak_fraction"] = _p(
+                    "transferred", f"{silicon}: {source}'s achieved rate, its value {theirs_fraction:.4g} (fitted "
+                    f"there) x its {peak} peak {getattr(theirs, peak):g} / this part's {getattr(mine, peak):g} TFLOP/s")
+        cm = {**cm, "gemm": gemm}
     return {"hardware": name, "split": SPLIT, "compute_model": {**cm, "provenance": prov}, "fitted": [],
             "errors": {}, "checks": {}, "transferred_from": source}
 
