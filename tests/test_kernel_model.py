@@ -241,6 +241,18 @@ def test_blockwise_fp8_gemms_take_deepgemms_fixed_time_on_hopper():
     assert gemm.blockwise_launch_us + bytes_us <= got < gemm.launch_us + bytes_us
 
 
+def test_gb200_runs_b200s_measured_rates_and_b300_its_own_peaks():
+    """GB200 is B200's die (kernels.SAME_DIE): its GEMMs and attention take B200's modelled times,
+    whatever its datasheet's higher peaks; Blackwell Ultra (B300), other silicon, scales with its own."""
+    m, n, k = 8192, 8192, 8192
+    for kern in (bf16_mm(m, n, k), scaled_mm(m, n, k)):
+        assert us("gb200", kern) == pytest.approx(us("b200-sxm", kern), rel=2e-3)
+    b200, gb200 = load_hardware("b200-sxm"), load_hardware("gb200")
+    assert gb200.peak_tflops.bf16 > b200.peak_tflops.bf16  # the datasheets do differ
+    assert gb200.compute_model.provenance_of("gemm.bf16.peak_fraction").status == "transferred"
+    assert "gb300" not in kernels.SAME_DIE and "b300-sxm" not in kernels.SAME_DIE
+
+
 def test_nvfp4_uses_the_logical_k_and_the_fp4_peak():
     m, n, k = 8192, 8192, 8192
     kern = scaled_mm(m, n, k // 2, "float4_e2m1fn_x2", T([m, k // 16], "float8_e4m3fn"), T([k // 16, n], "float8_e4m3fn"))
