@@ -442,11 +442,9 @@ def best(cands: list[Candidate], nbytes: float) -> tuple[float, Candidate]:
 def candidate_times(cands: list[Candidate], nbytes: np.ndarray) -> np.ndarray:
     """Times (us), one row per candidate, one column per size."""
     sizes = np.asarray(nbytes, dtype=np.float64).reshape(1, -1)
-    lat = np.array([c.latency_us for c in cands])[:, None]
-    traffic = np.array([c.traffic for c in cands])[:, None]
-    inv_bw = np.array([1.0 / c.bytes_per_us for c in cands])[:, None]
-    fill = np.array([c.fill_bytes for c in cands])[:, None]
-    slow = np.array([c.fill_slowdown for c in cands])[:, None]
+    # one array of the candidates' figures, a column each (one conversion: the fits call this often)
+    figs = np.array([(c.latency_us, c.traffic, 1.0 / c.bytes_per_us, c.fill_bytes, c.fill_slowdown) for c in cands])
+    lat, traffic, inv_bw, fill, slow = (figs[:, i:i + 1] for i in range(5))
     w = traffic * sizes
     return lat + (w + (slow - 1.0) * np.minimum(w, fill)) * inv_bw
 

@@ -222,11 +222,6 @@ class _Free:
             return params.protocols[self.path[1]][self.path[2]]
         return getattr(params, self.path[0])
 
-    def set(self, params: NetworkParams, value: float) -> NetworkParams:
-        if self.path[0] == "protocols":
-            return params.with_protocols(**{self.path[1]: {self.path[2]: value}})
-        return replace(params, **{self.path[0]: value})
-
 
 def _intra_free(base: NetworkParams, launch: bool) -> list[_Free]:
     """The intra-server tier: NVLink bandwidth, the pipeline fill, and per protocol its base
@@ -279,10 +274,18 @@ def _inter_free(base: NetworkParams) -> list[_Free]:
 
 
 def _apply(base: NetworkParams, free: list[_Free], x: np.ndarray) -> NetworkParams:
-    params = base
+    """``base`` with the free parameters at exp(``x``), made in one copy (the fits call this for every
+    residual evaluation, so not one copy per parameter)."""
+    top: dict[str, float] = {}
+    protocols: dict[str, dict[str, float]] = {}
     for f, v in zip(free, np.exp(x), strict=True):
-        params = f.set(params, float(v))
-    return params
+        if f.path[0] == "protocols":
+            protocols.setdefault(f.path[1], {})[f.path[2]] = float(v)
+        else:
+            top[f.path[0]] = float(v)
+    if protocols:
+        top["protocols"] = {name: {**p, **protocols.get(name, {})} for name, p in base.protocols.items()}
+    return replace(base, **top) if top else base
 
 
 def launch_floor_us(params: NetworkParams, run: Run) -> float:
