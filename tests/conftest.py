@@ -248,8 +248,9 @@ def pytest_configure(config):
 
 
 # Test files that take minutes, the longest first (the last serial CI's --durations): pytest-xdist,
-# with --no-loadscope-reorder (make test), hands whole files to its workers in collection order, so these start first and the short files
-# fill in around them, instead of one long file starting last and running alone at the end.
+# with --no-loadscope-reorder (make test), hands whole files to its workers in collection order, so
+# these start first and the short files fill in around them, instead of one long file starting last
+# and running alone at the end.
 # test_slurm builds tiny_run on its worker while the other runs test_validate and the NVL72 refit,
 # so that test_faults, which needs tiny_run too, rarely waits for it.
 LONG_FILES = ("test_slurm.py", "test_validate.py", "test_network_nvl72.py", "test_faults.py", "test_search.py",

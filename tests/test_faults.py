@@ -107,6 +107,17 @@ class Watcher:
                 pass
 
 
+def fresh_copy(tiny_run: Path, wf: Path, stage: str) -> Path:
+    """A new copy of the finished run at ``wf`` without the outputs of ``stage`` and of every stage
+    downstream of it, so the same command re-runs them."""
+    shutil.rmtree(wf, ignore_errors=True)
+    shutil.copytree(tiny_run, wf, symlinks=True)
+    for s in [stage, *DOWNSTREAM[stage]]:
+        for out in OUTPUTS[s]:
+            (wf / out).unlink()
+    return wf
+
+
 def cmdline(p: psutil.Process) -> str:
     """The process's command line, or "" once it has ended."""
     try:
@@ -162,12 +173,7 @@ def same(a: Path, b: Path) -> bool:
 def test_a_killed_job_resumes_to_the_same_outputs(tiny_run: Path, tmp_path: Path, case: Case) -> None:
     fraction = random.Random(case.seed).uniform(0.05, 0.6)
     for _attempt in range(4):  # a job may finish before its kill point: a fresh copy, an earlier point
-        wf = tmp_path / "wf"
-        shutil.rmtree(wf, ignore_errors=True)
-        shutil.copytree(tiny_run, wf, symlinks=True)
-        for stage in [case.stage, *DOWNSTREAM[case.stage]]:
-            for out in OUTPUTS[stage]:
-                (wf / out).unlink()
+        wf = fresh_copy(tiny_run, tmp_path / "wf", case.stage)
         pattern = "echo.trace.worker" if case.victim == "worker" else f".{case.stage}.py"
         first, killed = run_with_kill(wf, TARGET, pattern, fraction * benchmark_seconds(wf, case.stage))
         if killed:
@@ -217,12 +223,7 @@ def test_a_killed_snakemake_resumes_after_unlock(tiny_run: Path, tmp_path: Path)
     ends with the uninterrupted run's outputs (the profile's rerun-incomplete re-runs a job whose
     outputs were half written when the run died)."""
     for fraction in (0.5, 0.1, 0.0):  # the trace may finish before the kill point: a fresh copy, an earlier point
-        wf = tmp_path / "wf"
-        shutil.rmtree(wf, ignore_errors=True)
-        shutil.copytree(tiny_run, wf, symlinks=True)
-        for stage in ["trace", *DOWNSTREAM["trace"]]:
-            for out in OUTPUTS[stage]:
-                (wf / out).unlink()
+        wf = fresh_copy(tiny_run, tmp_path / "wf", "trace")
         run = Run(wf, TARGET)
         root = run.root
         watcher = Watcher(root, ".trace.py", 0.0)

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 # fit fits exactly these.
 FITTED_PARAMETERS: dict[str, tuple[str, ...]] = {
     "a100-sxm-80gb": ("gemm.bf16.peak_fraction", "hbm_efficiency"),
-    "h100-sxm-80gb": ("attention", "gemm.bf16", "gemm.blockwise_fp8", "gemm.blockwise_launch_us", "gemm.fp8", "gemm.launch_us", "gemm.tf32",
-                      "hbm_efficiency"),
+    "h100-sxm-80gb": ("attention", "gemm.bf16", "gemm.blockwise_fp8", "gemm.blockwise_launch_us", "gemm.fp8",
+                      "gemm.launch_us", "gemm.tf32", "hbm_efficiency"),
     "h200-sxm-141gb": ("hbm_efficiency",),
     "b200-sxm": ("attention", "gemm.bf16", "gemm.fp8", "gemm.launch_us", "gemm.tf32", "hbm_efficiency"),
 }

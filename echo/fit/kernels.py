@@ -13,9 +13,9 @@ held-out rows by config/splits/kernel_tables.yaml (declared before any fit):
 - GEMM (``gemm``): least squares on log time of the fit shapes of OpenXLA's GEMM table (H100 bf16
   and tf32, B200 bf16, tf32 and fp8), one launch floor per GPU and a GemmRate per format. H100 FP8
   (whose XLA rows exceed the FP8 peak): TileLang's H800 K sweep, the launch floor and operand reuse
-  kept from the bf16 fit. Hopper's blockwise-FP8 factor and fixed time: DeepGEMM's fit rows. A100 (square peaks
-  only): the bf16 peak_fraction solved so that the model's best square GEMM equals torch's measured
-  maximum, its tile constants transferred from H100.
+  kept from the bf16 fit. Hopper's blockwise-FP8 factor and fixed time: DeepGEMM's fit rows. A100
+  (square peaks only): the bf16 peak_fraction solved so that the model's best square GEMM equals
+  torch's measured maximum, its tile constants transferred from H100.
 - Attention (``attention``): least squares on log time of the fit rows of the reference flash
   kernel (FlashAttention-3 on H100, FlashAttention-4 on B200).
 
@@ -434,16 +434,13 @@ def fit_kernels(name: str, root: Path | None = None, config_root: Path | None = 
 
     gemm: dict = {}
     blockwise, blockwise_launch, mxfp8, fp4 = None, None, None, None
-    if name == kd.H100:
+    if name in (kd.H100, kd.H200):  # H200: GH100 silicon, H100's GEMM fit
         launch, rates, blockwise = h100["launch"], dict(h100["rates"]), h100["blockwise"]
         blockwise_launch, mxfp8 = h100["blockwise_launch"], blockwise
     elif name == kd.B200:
         xla = [r for r in rows if r.gpu == kd.B200 and r.table == "xla_matmul_table.csv"]
         launch, rates = fit_gemm_table(hw, [r for r in xla if r.split == "fit"], ("bf16", "fp32", "fp8"), bw)
         blockwise, mxfp8, fp4 = 1.0, 1.0, rates["fp8"]
-    elif name == kd.H200:
-        launch, rates, blockwise = h100["launch"], dict(h100["rates"]), h100["blockwise"]
-        blockwise_launch, mxfp8 = h100["blockwise_launch"], blockwise
     else:  # A100: square peaks only
         launch = h100["launch"]
         base = h100["rates"]["bf16"]
@@ -676,7 +673,8 @@ def _same_silicon(name: str, root: Path | None, config_root: Path | None) -> dic
             for leaf in _leaf_names(cm)
             for src_p in [_provenance_of(src["compute_model"]["provenance"], leaf)]}
     if name in SAME_DIE:  # the same achieved TFLOP/s: fractions of this part's own (higher) peaks
-        mine, theirs = hardware_for_fit(name, config_root).peak_tflops, hardware_for_fit(source, config_root).peak_tflops
+        mine = hardware_for_fit(name, config_root).peak_tflops
+        theirs = hardware_for_fit(source, config_root).peak_tflops
         gemm = dict(cm["gemm"])
         for key, peak in _RATE_PEAK.items():
             if isinstance(gemm.get(key), dict):

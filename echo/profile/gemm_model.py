@@ -20,8 +20,9 @@ Formats (``GemmCall.fmt``), read from the call's operands, not from the trace's 
 bf16 / fp16 -> gemm.bf16 at the bf16 peak; fp32 -> gemm.tf32 at the tf32 peak; float8 inputs with
 scalar (or row/column) fp32 scales -> gemm.fp8 (per-tensor); float8_e8m0fnu scales -> MXFP8 (gemm.fp8
 x gemm.mxfp8); 2-D fp32 block scales (a: (M, K/128)) -> blockwise FP8 (gemm.fp8 x
-gemm.blockwise_fp8, with DeepGEMM's fixed time gemm.blockwise_launch_us where fitted); float4_e2m1fn_x2 inputs -> NVFP4 (gemm.fp4 at the fp4 peak; the operands pack
-two values per byte, so the logical K is twice the shapes' K).
+gemm.blockwise_fp8, with DeepGEMM's fixed time gemm.blockwise_launch_us where fitted);
+float4_e2m1fn_x2 inputs -> NVFP4 (gemm.fp4 at the fp4 peak; the operands pack two values per byte,
+so the logical K is twice the shapes' K).
 """
 
 from __future__ import annotations

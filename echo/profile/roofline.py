@@ -174,7 +174,7 @@ def _attention_estimate(hw: Hardware, k: Kernel, call: AttentionCall) -> Estimat
         peak_tflops(hw, dtype)  # raises where the GPU has no FP8 tensor cores
         if att.fp8_speedup is None:
             raise ValueError(f"hardware '{hw.name}' has no attention.fp8_speedup: no FP8 attention rate")
-    launch = cm.gemm.launch_us if cm.gemm is not None else cm.kernel_launch_us
+    launch = gemm_launch_us(hw, "bf16")
     compute = attention_time(att, fraction, peak, cm.sm_count, launch, call, hw.hbm_GBps * cm.hbm_efficiency)
     memory = k.bytes / (hw.hbm_GBps * 1e3 * cm.hbm_efficiency)
     t = max(compute, launch + memory)
